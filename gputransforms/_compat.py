@@ -1,0 +1,66 @@
+"""Everything that depends on the installed torchvision version lives here.
+
+CI runs torchvision 0.29, the GPU machine 0.26; both store the user's arguments under the same
+attribute names, but a few of them are normalised differently between v1 and v2 classes.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence
+
+import torchvision
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import v2 as tv2
+
+TORCHVISION_VERSION = tuple(int(p) for p in torchvision.__version__.split("+")[0].split(".")[:2])
+
+
+def interpolation_mode(value) -> InterpolationMode:
+    """v1 transforms still accept PIL's integer constants for ``interpolation``; torchvision 0.29's
+    v2 classes store the mode's string value."""
+    if isinstance(value, InterpolationMode):
+        return value
+    if isinstance(value, str):
+        return InterpolationMode(value)
+    from torchvision.transforms.functional import _interpolation_modes_from_int
+
+    return _interpolation_modes_from_int(int(value))
+
+
+def padding_ltrb(transform) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) padding of a RandomCrop, v1 or v2.
+
+    v1 keeps the user's raw ``padding`` (int, or 2 or 4 numbers in torchvision's l,t,r,b order);
+    v2 stores it already parsed as [left, right, top, bottom].
+    """
+    padding = transform.padding
+    if not padding:
+        return (0, 0, 0, 0)
+    if isinstance(transform, tv2.Transform):
+        left, right, top, bottom = padding
+        return (left, top, right, bottom)
+    if isinstance(padding, numbers.Number):
+        p = int(padding)
+        return (p, p, p, p)
+    padding = list(padding)
+    if len(padding) == 1:
+        return (padding[0],) * 4
+    if len(padding) == 2:
+        return (padding[0], padding[1], padding[0], padding[1])
+    return tuple(padding)  # type: ignore[return-value]
+
+
+def constant_fill(transform) -> Optional[Sequence[float]]:
+    """The fill of a padding transform as per-channel numbers, or None if it is per input type.
+
+    v2 accepts a dict keyed by input type; v1 a number or a sequence.
+    """
+    fill = transform.fill
+    if isinstance(fill, dict):
+        return None
+    if fill is None:
+        return (0.0, 0.0, 0.0)
+    if isinstance(fill, numbers.Number):
+        return (float(fill),) * 3
+    fill = [float(f) for f in fill]
+    return tuple(fill * 3) if len(fill) == 1 else tuple(fill)

@@ -1,0 +1,238 @@
+"""Lower a Plan's steps to one DALI graph.
+
+Image sizes are tracked through the graph as scalars: Python ints where the plan fixes them (after
+a resize to an exact size or a crop), DALI integer nodes where they depend on the image (after a
+plain decode, read from the encoded header with peek_image_shape). Output sizes and crop offsets
+are computed from them with torchvision's integer arithmetic, not DALI's own rounding rules
+(``resize_shorter`` and ``crop_pos=0.5`` differ from torchvision by up to a pixel).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import torch
+
+import nvidia.dali.fn as fn
+import nvidia.dali.math as dmath
+import nvidia.dali.types as types
+from nvidia.dali.pipeline import Pipeline
+
+from .plan import Plan, Step
+
+_DALI_DTYPE = {
+    torch.uint8: types.UINT8,
+    torch.float16: types.FLOAT16,
+    torch.float32: types.FLOAT,
+    torch.float64: types.FLOAT,  # cast in torch afterwards: DALI's normalize has no float64 output
+    torch.bfloat16: types.FLOAT,
+}
+
+Scalar = Any  # int, or a DALI DataNode holding one int32 per sample
+
+
+def _is_node(x) -> bool:
+    return not isinstance(x, (int, float))
+
+
+def _min(a: Scalar, b: Scalar) -> Scalar:
+    return min(a, b) if not (_is_node(a) or _is_node(b)) else dmath.min(a, b)
+
+
+def _max(a: Scalar, b: Scalar) -> Scalar:
+    return max(a, b) if not (_is_node(a) or _is_node(b)) else dmath.max(a, b)
+
+
+def _select(cond: Scalar, a: Scalar, b: Scalar) -> Scalar:
+    """``a if cond else b`` for int scalars; cond is a bool or a boolean node."""
+    if not _is_node(cond):
+        return a if cond else b
+    c = fn.cast(cond, dtype=types.INT32)
+    return c * a + (1 - c) * b
+
+
+def _float(x: Scalar):
+    return float(x) if not _is_node(x) else fn.cast(x, dtype=types.FLOAT)
+
+
+def _int(x: Scalar):
+    return int(x) if not _is_node(x) else fn.cast(x, dtype=types.INT32)
+
+
+def _vector(*xs: Scalar):
+    if not any(_is_node(x) for x in xs):
+        return [float(x) for x in xs]
+    return fn.stack(*[_float(x) if _is_node(x) else types.Constant(float(x), dtype=types.FLOAT) for x in xs])
+
+
+def resized_size(h: Scalar, w: Scalar, target) -> tuple[Scalar, Scalar]:
+    """torchvision's ``_compute_resized_output_size``, in integer arithmetic so that the result is
+    exact whether h and w are Python ints or DALI nodes (``int(s * long / short)`` in float64
+    equals ``s * long // short`` for these magnitudes)."""
+    kind = target[0]
+    if kind == "exact":
+        return target[1]
+    w_is_short = w <= h  # a bool, or a boolean node
+    short, long = _min(h, w), _max(h, w)
+    if kind == "longer":
+        max_size = target[1]
+        new_short, new_long = (max_size * short) // long, max_size
+    else:
+        _, s, max_size = target
+        new_short, new_long = s, (s * long) // short
+        if max_size is not None:
+            if max_size <= s:
+                raise ValueError(f"max_size = {max_size} must be strictly greater than the requested "
+                                 f"size for the smaller edge size = {[s]}")
+            too_long = new_long > max_size
+            new_short = _select(too_long, (max_size * new_short) // _max(new_long, 1), new_short)
+            new_long = _select(too_long, max_size, new_long)
+    new_h = _select(w_is_short, new_long, new_short)
+    new_w = _select(w_is_short, new_short, new_long)
+    return new_h, new_w
+
+
+def center_offset(extent: Scalar, size: int) -> Scalar:
+    """torchvision's CenterCrop offset along one axis, in input coordinates.
+
+    ``int(round((extent - size) / 2))`` with Python's half-to-even rounding when the image is large
+    enough; when it is smaller torchvision pads ``(size - extent) // 2`` before, i.e. the offset is
+    negative.
+    """
+    d = extent - size
+    dp, dn = _max(d, 0), _max(-d, 0)
+    k = dp // 2
+    return k + (dp % 2) * (k % 2) - dn // 2
+
+
+def random_offset(extent: Scalar, size: int, pad_before: int, pad_after: int, pad_if_needed: bool) -> Scalar:
+    """torchvision's RandomCrop offset (uniform integer, like ``torch.randint``), in coordinates of
+    the unpadded input: padding, then ``pad_if_needed`` padding of both sides, then a uniform pick."""
+    padded = extent + pad_before + pad_after
+    extra = _max(size - padded, 0) if pad_if_needed else 0
+    span = padded + 2 * extra - size  # number of valid offsets - 1; negative: torchvision raises
+    u = fn.random.uniform(range=[0.0, 1.0], dtype=types.FLOAT)
+    pick = _int(dmath.floor(u * _float(_max(span, 0) + 1)))
+    pick = dmath.min(pick, _max(span, 0))
+    return pick - pad_before - extra
+
+
+@dataclasses.dataclass
+class _Graph:
+    img: Any
+    h: Scalar
+    w: Scalar
+    device: str  # "gpu" or "cpu"
+    encoded: Any
+
+
+def _decode(g: _Graph, step: Step, *, hw_decoder_load: float) -> None:
+    kw: dict[str, Any] = dict(output_type=types.RGB, adjust_orientation=False)  # torchvision ignores EXIF
+    if g.device == "gpu":
+        kw.update(device="mixed", hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=True)
+    else:
+        kw.update(device="cpu")
+    rc = step.args.get("random_crop")
+    if rc:
+        g.img = fn.decoders.image_random_crop(g.encoded, random_area=list(rc["scale"]),
+                                              random_aspect_ratio=list(rc["ratio"]), num_attempts=10, **kw)
+        g.h = g.w = None  # always followed by a resize to an exact size
+    else:
+        g.img = fn.decoders.image(g.encoded, **kw)
+        shape = fn.peek_image_shape(g.encoded, adjust_orientation=False, dtype=types.INT32)
+        g.h, g.w = shape[0], shape[1]
+
+
+def _resize(g: _Graph, step: Step, **_) -> None:
+    h, w = resized_size(g.h, g.w, step.args["target"])
+    g.img = fn.resize(g.img, resize_y=_float(h), resize_x=_float(w), interp_type=getattr(types, step.args["interp"]),
+                      antialias=step.args["antialias"])
+    g.h, g.w = h, w
+
+
+def _random_resized_crop(g: _Graph, step: Step, **_) -> None:
+    size = step.args["size"]
+    g.img = fn.random_resized_crop(g.img, size=list(size), random_area=list(step.args["scale"]),
+                                   random_aspect_ratio=list(step.args["ratio"]), num_attempts=10,
+                                   interp_type=getattr(types, step.args["interp"]), antialias=step.args["antialias"])
+    g.h, g.w = size
+
+
+def _crop_offsets(g: _Graph, crop: dict) -> tuple[Scalar, Scalar]:
+    ch, cw = crop["size"]
+    if crop["mode"] == "center":
+        return center_offset(g.h, ch), center_offset(g.w, cw)
+    left, top, right, bottom = crop["padding"]
+    return (random_offset(g.h, ch, top, bottom, crop["pad_if_needed"]),
+            random_offset(g.w, cw, left, right, crop["pad_if_needed"]))
+
+
+def _slice(g: _Graph, step: Step, **_) -> None:
+    ch, cw = step.args["size"]
+    y, x = _crop_offsets(g, step.args)
+    g.img = fn.slice(g.img, start=_vector(y, x), shape=[float(ch), float(cw)], axis_names="HW",
+                     out_of_bounds_policy="pad", fill_values=list(step.args["fill"]))
+    g.h, g.w = ch, cw
+
+
+def _coin(p: float):
+    return fn.random.coin_flip(probability=p, dtype=types.INT32)
+
+
+def _flip(g: _Graph, step: Step, **_) -> None:
+    coin = _coin(step.args["p"])
+    if step.args["horizontal"]:
+        g.img = fn.flip(g.img, horizontal=coin, vertical=0)
+    else:
+        g.img = fn.flip(g.img, horizontal=0, vertical=coin)
+
+
+def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
+    a = step.args
+    kw: dict[str, Any] = dict(dtype=_DALI_DTYPE.get(a["dtype"], types.FLOAT), output_layout=a["layout"],
+                              mean=list(a["mean"]), std=list(a["std"]))
+    crop = a.get("crop")
+    if crop is not None:
+        ch, cw = crop["size"]
+        y, x = _crop_offsets(g, crop)
+        # crop_mirror_normalize places the window at roundf(pos * (extent - size)); passing
+        # pos = offset / (extent - size) lands exactly on torchvision's integer offset
+        dy, dx = g.h - ch, g.w - cw
+        pos_y = _float(y) / _float(_select(dy == 0, 1, dy)) if _is_node(dy) else (y / dy if dy else 0.0)
+        pos_x = _float(x) / _float(_select(dx == 0, 1, dx)) if _is_node(dx) else (x / dx if dx else 0.0)
+        # torchvision's RandomCrop raises for an image smaller than the crop unless pad_if_needed
+        policy = "pad" if crop["pad_if_needed"] else "error"
+        kw.update(crop=[float(ch), float(cw)], crop_pos_y=pos_y, crop_pos_x=pos_x, out_of_bounds_policy=policy,
+                  fill_values=list(crop["fill"]))
+        g.h, g.w = ch, cw
+    if "mirror_p" in a:
+        kw["mirror"] = _coin(a["mirror_p"])
+    g.img = fn.crop_mirror_normalize(g.img, **kw)
+
+
+LOWER: dict[str, Callable] = {
+    "decode": _decode,
+    "resize": _resize,
+    "random_resized_crop": _random_resized_crop,
+    "slice": _slice,
+    "flip": _flip,
+    "crop_mirror_normalize": _crop_mirror_normalize,
+}
+
+
+def build_pipeline(plan: Plan, source: Callable, *, device: str, batch_size: int, num_threads: int,
+                   seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
+                   hw_decoder_load: float = 0.9) -> Pipeline:
+    """One DALI pipeline for ``plan``, fed encoded files by ``source`` (a batch callback)."""
+    if device == "gpu" and device_id is None:
+        device_id = torch.cuda.current_device()
+    pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
+                    seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
+    with pipe:
+        encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
+                                     cycle=None, no_copy=False)
+        g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded)
+        for step in plan.steps:
+            LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load)
+        pipe.set_outputs(g.img)
+    return pipe

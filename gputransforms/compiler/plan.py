@@ -1,0 +1,380 @@
+"""Compose -> Plan: decide, from the transforms' own attributes and before anything runs, which
+part of a chain becomes one DALI graph, which operations fuse, and what is left to run per sample.
+
+Three layers, one direction:
+  1. ``LOWERINGS`` -- the one table from torchvision classes (v1 and v2; ours are the same classes)
+     to an ``Op``: a backend-neutral record of the user's arguments.
+  2. ``plan()`` -- walks the ops and emits ``Step``s, the operations of the DALI graph, fusing as it
+     goes (RandomResizedCrop into decode; crop + flip + ToTensor/dtype + Normalize + HWC->CHW into
+     one crop_mirror_normalize).
+  3. ``compiler.dali`` turns steps into DALI operators; ``compiler.persample`` runs the tail.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import torch
+import torchvision.transforms as tv1
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import v2 as tv2
+
+from .. import _compat
+
+
+class NotLowerable(Exception):
+    """The transform has no DALI lowering with torchvision's meaning; it runs per sample."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    kind: str
+    args: dict
+    source: Any  # the user's transform object
+
+
+@dataclasses.dataclass
+class Step:
+    """One operator of the compiled graph."""
+
+    op: str  # decode | resize | random_resized_crop | slice | flip | crop_mirror_normalize
+    args: dict
+    sources: list
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Plan:
+    steps: list  # list[Step], steps[0] is always the decode
+    tail: list  # transforms run per sample with torchvision after the graph
+    tail_reason: str
+    output: str  # "tensor" (CHW) or "image" (HWC uint8, what PIL would hold)
+    out_dtype: torch.dtype
+    compiled: bool  # False: the graph would only decode; the whole chain runs with torchvision
+
+    def explain(self, device: str = "cpu") -> str:
+        lines = []
+        if not self.compiled:
+            lines.append("not compiled: every transform runs per sample with torchvision "
+                         "(torch DataLoader workers)")
+            lines.append(f"  reason: {self.tail_reason}")
+            for t in self.tail:
+                lines.append(f"  torchvision  {_short(t)}")
+            return "\n".join(lines)
+        dev = {"decode": "mixed" if device == "gpu" else "cpu"}
+        lines.append(f"DALI graph ({device}):")
+        lines.append("  readers: encoded files fed in sampler order")
+        for s in self.steps:
+            where = dev.get(s.op, device)
+            text = f"  {_dali_name(s)}({where})"
+            if s.sources:
+                text += "  <- " + ", ".join(_short(t) for t in s.sources)
+            if s.note:
+                text += f"  [{s.note}]"
+            lines.append(text)
+        if self.tail:
+            lines.append("per sample with torchvision (slow path):")
+            lines.append(f"  reason: {self.tail_reason}")
+            for t in self.tail:
+                lines.append(f"  torchvision  {_short(t)}")
+        return "\n".join(lines)
+
+
+def _dali_name(step: Step) -> str:
+    if step.op == "decode":
+        return "decoders.image_random_crop" if step.args.get("random_crop") else "decoders.image"
+    return step.op
+
+
+def _short(t) -> str:
+    text = repr(t).replace("\n", " ")
+    return " ".join(text.split())
+
+
+# --- 1. the table: torchvision class -> Op ------------------------------------------------------
+
+#: Interpolation modes whose DALI filter matches torchvision's (PIL's) result; the others
+#: (BOX, HAMMING, NEAREST_EXACT) have no DALI equivalent and run per sample.
+DALI_INTERPOLATION = {
+    InterpolationMode.NEAREST: "INTERP_NN",
+    InterpolationMode.BILINEAR: "INTERP_LINEAR",
+    InterpolationMode.BICUBIC: "INTERP_CUBIC",
+    InterpolationMode.LANCZOS: "INTERP_LANCZOS3",
+}
+
+
+def _interp(t) -> str:
+    mode = _compat.interpolation_mode(t.interpolation)
+    if mode not in DALI_INTERPOLATION:
+        raise NotLowerable(f"{type(t).__name__}: interpolation {mode.value!r} has no DALI equivalent")
+    return DALI_INTERPOLATION[mode]
+
+
+def _random_resized_crop(t) -> Op:
+    return Op("random_resized_crop", dict(size=tuple(t.size), scale=tuple(t.scale), ratio=tuple(t.ratio),
+                                          interp=_interp(t), antialias=t.antialias), t)
+
+
+def _resize(t) -> Op:
+    size = t.size
+    if size is not None:
+        size = (size,) if isinstance(size, int) else tuple(size)
+    if size is not None and len(size) == 2:
+        target = ("exact", size)
+    elif size is None:
+        target = ("longer", t.max_size)
+    else:
+        target = ("shorter", size[0], t.max_size)
+    return Op("resize", dict(target=target, interp=_interp(t), antialias=t.antialias), t)
+
+
+def _center_crop(t) -> Op:
+    return Op("crop", dict(mode="center", size=tuple(t.size), padding=(0, 0, 0, 0), pad_if_needed=True,
+                           fill=(0.0, 0.0, 0.0)), t)
+
+
+def _random_crop(t) -> Op:
+    padding = _compat.padding_ltrb(t)
+    if (any(padding) or t.pad_if_needed) and t.padding_mode != "constant":
+        raise NotLowerable(f"RandomCrop: padding_mode={t.padding_mode!r} (only 'constant' is lowered)")
+    fill = _compat.constant_fill(t)
+    if fill is None:
+        raise NotLowerable("RandomCrop: fill given per input type")
+    return Op("crop", dict(mode="random", size=tuple(t.size), padding=padding, pad_if_needed=bool(t.pad_if_needed),
+                           fill=fill), t)
+
+
+def _flip(horizontal: bool) -> Callable[[Any], Op]:
+    return lambda t: Op("flip", dict(horizontal=horizontal, p=float(t.p)), t)
+
+
+def _to_float_tensor(t) -> Op:
+    return Op("to_tensor", dict(dtype=torch.float32, scale=True), t)
+
+
+def _to_uint8_tensor(t) -> Op:
+    return Op("to_tensor", dict(dtype=torch.uint8, scale=False), t)
+
+
+def _convert_image_dtype(t) -> Op:
+    return Op("to_dtype", dict(dtype=t.dtype, scale=True), t)
+
+
+def _to_dtype(t) -> Op:
+    dtype = t.dtype
+    if isinstance(dtype, dict):
+        from torchvision import tv_tensors
+
+        dtype = dtype.get(tv_tensors.Image, dtype.get("others"))
+        if dtype is None:
+            raise NotLowerable("ToDtype: no dtype given for images")
+    return Op("to_dtype", dict(dtype=dtype, scale=bool(t.scale)), t)
+
+
+def _normalize(t) -> Op:
+    # ``inplace`` only matters for aliasing, which a freshly decoded batch never has
+    return Op("normalize", dict(mean=tuple(float(m) for m in t.mean), std=tuple(float(s) for s in t.std)), t)
+
+
+LOWERINGS: dict = {
+    tv1.RandomResizedCrop: _random_resized_crop, tv2.RandomResizedCrop: _random_resized_crop,
+    tv1.Resize: _resize, tv2.Resize: _resize,
+    tv1.CenterCrop: _center_crop, tv2.CenterCrop: _center_crop,
+    tv1.RandomCrop: _random_crop, tv2.RandomCrop: _random_crop,
+    tv1.RandomHorizontalFlip: _flip(True), tv2.RandomHorizontalFlip: _flip(True),
+    tv1.RandomVerticalFlip: _flip(False), tv2.RandomVerticalFlip: _flip(False),
+    tv1.ToTensor: _to_float_tensor, tv2.ToTensor: _to_float_tensor,
+    tv1.PILToTensor: _to_uint8_tensor, tv2.PILToTensor: _to_uint8_tensor, tv2.ToImage: _to_uint8_tensor,
+    tv1.ConvertImageDtype: _convert_image_dtype, tv2.ConvertImageDtype: _convert_image_dtype,
+    tv2.ToDtype: _to_dtype,
+    tv1.Normalize: _normalize, tv2.Normalize: _normalize,
+}
+
+
+def lower_transform(t) -> Op:
+    for cls in type(t).__mro__:
+        fn = LOWERINGS.get(cls)
+        if fn is not None:
+            return fn(t)
+    raise NotLowerable(f"{type(t).__name__}: no DALI lowering")
+
+
+def flatten(transform) -> list:
+    if transform is None:
+        return []
+    if isinstance(transform, (tv1.Compose, tv2.Compose)):
+        out = []
+        for t in transform.transforms:
+            out.extend(flatten(t))
+        return out
+    if isinstance(transform, tv2.Identity):
+        return []
+    return [transform]
+
+
+# --- 2. planning and fusion ---------------------------------------------------------------------
+
+class _Planner:
+    """Walks ops in order, keeping crop, horizontal flip and per-pixel value maps pending so that
+    they fold into one crop_mirror_normalize at the end; anything else flushes them first."""
+
+    def __init__(self):
+        self.steps: list = []
+        self.crop: Optional[Op] = None
+        self.crop_fill_raw = None
+        self.flip: Optional[Op] = None
+        # pixel values as torchvision would hold them = raw_uint8 * scale + shift (per channel)
+        self.scale = [1.0, 1.0, 1.0]
+        self.shift = [0.0, 0.0, 0.0]
+        self.value_sources: list = []
+        self.tensor = False  # has ToTensor/PILToTensor/ToImage run
+        self.dtype = torch.uint8
+
+    # values -------------------------------------------------------------------------------------
+    def raw_fill(self, fill, op: Op):
+        """A padding fill given in the current value space, as a raw uint8 value (what DALI holds)."""
+        raw = [(f - b) / a for f, a, b in zip(fill, self.scale, self.shift)]
+        if any(abs(r - round(r)) > 1e-3 or not 0 <= round(r) <= 255 for r in raw):
+            raise NotLowerable(f"{type(op.source).__name__}: fill {tuple(fill)} after a value change")
+        return [float(round(r)) for r in raw]
+
+    def value(self, op: Op):
+        a = op.args
+        if op.kind == "to_tensor":
+            if self.tensor:
+                raise NotLowerable(f"{type(op.source).__name__}: input is already a tensor")
+            self.tensor = True
+            self.dtype = a["dtype"]
+            if a["scale"]:
+                self._affine(1 / 255.0, 0.0)
+        elif op.kind == "to_dtype":
+            if not self.tensor:
+                raise NotLowerable(f"{type(op.source).__name__}: input is not a tensor yet")
+            new = a["dtype"]
+            if not new.is_floating_point:
+                if new != self.dtype:
+                    raise NotLowerable(f"{type(op.source).__name__}: conversion to {new}")
+            elif a["scale"] and not self.dtype.is_floating_point:
+                self._affine(1 / 255.0, 0.0)
+            self.dtype = new
+        elif op.kind == "normalize":
+            if not self.tensor or not self.dtype.is_floating_point:
+                raise NotLowerable("Normalize: input is not a float tensor")
+            mean, std = a["mean"], a["std"]
+            if len(mean) == 1:
+                mean = mean * 3
+            if len(std) == 1:
+                std = std * 3
+            if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
+                raise NotLowerable("Normalize: mean/std are not 3 positive channels")
+            self.scale = [s / d for s, d in zip(self.scale, std)]
+            self.shift = [(b - m) / d for b, m, d in zip(self.shift, mean, std)]
+        self.value_sources.append(op.source)
+
+    def _affine(self, a, b):
+        self.scale = [s * a for s in self.scale]
+        self.shift = [t * a + b for t in self.shift]
+
+    # geometry -----------------------------------------------------------------------------------
+    def flush(self):
+        if self.crop is not None:
+            self.steps.append(Step("slice", dict(self.crop.args, fill=self.crop_fill_raw), [self.crop.source]))
+            self.crop = None
+        if self.flip is not None:
+            self.steps.append(Step("flip", dict(self.flip.args), [self.flip.source]))
+            self.flip = None
+
+    def antialias(self, op: Op) -> bool:
+        # PIL always antialiases when downscaling; ``antialias`` only applies to tensors.
+        return True if not self.tensor else bool(op.args["antialias"])
+
+    def geometric(self, op: Op):
+        if op.kind in ("resize", "random_resized_crop"):
+            self.flush()
+            self.steps.append(Step(op.kind, dict(op.args, antialias=self.antialias(op)), [op.source]))
+        elif op.kind == "crop":
+            fill_raw = self.raw_fill(op.args["fill"], op)
+            explicit_padding = any(op.args["padding"])
+            self.flush()
+            if explicit_padding:
+                # the crop window can leave [min(0, H-h), max(0, H-h)]: crop_mirror_normalize's
+                # normalised crop_pos cannot express that, an absolute slice can
+                self.steps.append(Step("slice", dict(op.args, fill=fill_raw), [op.source]))
+            else:
+                self.crop, self.crop_fill_raw = op, fill_raw
+        elif op.kind == "flip":
+            if op.args["horizontal"]:
+                if self.flip is not None:
+                    self.flush()
+                self.flip = op
+            else:
+                self.flush()
+                self.steps.append(Step("flip", dict(op.args), [op.source]))
+
+    def finish(self):
+        args: dict[str, Any] = dict(layout="CHW" if self.tensor else "HWC",
+                                    dtype=self.dtype if self.tensor else torch.uint8)
+        # crop_mirror_normalize computes (x - mean) / std from raw values
+        args["mean"] = [-b / a for a, b in zip(self.scale, self.shift)]
+        args["std"] = [1.0 / a for a in self.scale]
+        sources = []
+        if self.crop is not None:
+            args["crop"] = dict(self.crop.args)
+            # padding is written in output units
+            args["crop"]["fill"] = [f * a + b for f, a, b in zip(self.crop_fill_raw, self.scale, self.shift)]
+            sources.append(self.crop.source)
+        if self.flip is not None:
+            args["mirror_p"] = self.flip.args["p"]
+            sources.append(self.flip.source)
+        sources.extend(self.value_sources)
+        note = "crop+flip+normalize+layout fused" if len(sources) > 1 else ""
+        self.steps.append(Step("crop_mirror_normalize", args, sources, note))
+
+
+def plan(transform) -> Plan:
+    """Plan ``transform`` (a Compose of torchvision v1/v2 or gputransforms transforms)."""
+    transforms = flatten(transform)
+    planner = _Planner()
+    decode = Step("decode", {}, [])
+    planner.steps.append(decode)
+    tail, reason = [], ""
+    i = 0
+    if transforms:
+        try:
+            first = lower_transform(transforms[0])
+        except NotLowerable:
+            first = None
+        if first is not None and first.kind == "random_resized_crop":
+            decode.args["random_crop"] = dict(scale=first.args["scale"], ratio=first.args["ratio"])
+            decode.sources.append(first.source)
+            decode.note = "random crop fused into decode (ROI decode)"
+            planner.steps.append(Step("resize", dict(target=("exact", first.args["size"]), interp=first.args["interp"],
+                                                     antialias=True), [first.source]))
+            i = 1
+    for j in range(i, len(transforms)):
+        t = transforms[j]
+        try:
+            op = lower_transform(t)
+            if op.kind in ("to_tensor", "to_dtype", "normalize"):
+                planner.value(op)
+            else:
+                planner.geometric(op)
+        except NotLowerable as e:
+            tail, reason = transforms[j:], str(e)
+            break
+    planner.finish()
+    steps = planner.steps
+    compiled = not (tail and len(steps) == 2 and not decode.args and steps[-1].args["layout"] == "HWC"
+                    and "crop" not in steps[-1].args and "mirror_p" not in steps[-1].args)
+    if not compiled:
+        return Plan(steps=[], tail=transforms, tail_reason=reason, output="image", out_dtype=torch.uint8,
+                    compiled=False)
+    last = steps[-1].args
+    return Plan(steps=steps, tail=tail, tail_reason=reason, output="tensor" if last["layout"] == "CHW" else "image",
+                out_dtype=last["dtype"], compiled=True)
+
+
+def explain(transform, device: Optional[str] = None) -> str:
+    from ..loader import default_device
+
+    return plan(transform).explain(device or default_device())

@@ -1,0 +1,31 @@
+"""Datasets: file lists and labels, exactly torchvision's (they are torchvision's classes), so
+``classes``, ``class_to_idx``, ``samples``, ``targets``, ``extensions``, ``is_valid_file``,
+``allow_empty`` and every error are the same, and ``__getitem__`` still works per sample with a
+plain ``torch.utils.data.DataLoader``. ``gputransforms.DataLoader`` reads ``samples`` and
+``transform`` from them and compiles the transform.
+"""
+from torchvision.datasets import DatasetFolder as _TVDatasetFolder
+from torchvision.datasets import ImageFolder as _TVImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, has_file_allowed_extension
+
+__all__ = ["DatasetFolder", "ImageFolder", "IMG_EXTENSIONS", "default_loader", "has_file_allowed_extension"]
+
+
+class DatasetFolder(_TVDatasetFolder):
+    __doc__ = _TVDatasetFolder.__doc__
+
+
+class ImageFolder(_TVImageFolder):
+    __doc__ = _TVImageFolder.__doc__
+
+    @classmethod
+    def from_torchvision(cls, dataset: _TVDatasetFolder) -> "ImageFolder":
+        """Wrap an existing torchvision ImageFolder/DatasetFolder without listing the files again.
+
+        (``gputransforms.DataLoader`` also accepts the torchvision instance directly.)
+        """
+        if not isinstance(dataset, _TVDatasetFolder):
+            raise TypeError(f"expected a torchvision DatasetFolder/ImageFolder, got {type(dataset).__name__}")
+        new = cls.__new__(cls)
+        new.__dict__.update(dataset.__dict__)
+        return new

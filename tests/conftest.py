@@ -1,0 +1,90 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _generator_script():
+    """../shared/data/make_imagefolder.py (real-photo JPEGs); on the GPU machine a copy in .gpu/."""
+    for p in (os.environ.get("GPUTRANSFORMS_MAKE_IMAGEFOLDER"), ROOT.parent / "shared/data/make_imagefolder.py",
+              ROOT / ".gpu/make_imagefolder.py"):
+        if p and Path(p).exists():
+            return Path(p)
+    return None
+
+
+def make_photo_folder(out: Path, *, classes: int, per_class: int, seed: int, odd: bool = False) -> Path:
+    script = _generator_script()
+    if script is None:
+        pytest.fail("make_imagefolder.py not found: tests compare against torchvision on real photos "
+                    "(expected ../shared/data/make_imagefolder.py or $GPUTRANSFORMS_MAKE_IMAGEFOLDER)")
+    cmd = [sys.executable, str(script), str(out), "--classes", str(classes), "--per-class", str(per_class),
+           "--seed", str(seed), "--jobs", "2"]
+    if odd:
+        cmd.append("--odd")
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def photo_folder(tmp_path_factory):
+    """48 real-photo JPEGs (ImageNet-like sizes, mixed subsampling/quality) in 3 classes."""
+    return make_photo_folder(tmp_path_factory.mktemp("photos"), classes=3, per_class=16, seed=1)
+
+
+@pytest.fixture(scope="session")
+def gradient_folder(tmp_path_factory):
+    """Lossless PNGs whose red channel is x and green channel is y (scaled to 0..255), so the crop
+    window a random transform chose can be read back from its output, for ours and torchvision's."""
+    root = tmp_path_factory.mktemp("gradient")
+    (root / "a").mkdir()
+    for k, (w, h) in enumerate([(500, 375), (375, 500), (640, 480)]):
+        x = np.linspace(0, 255, w)[None, :].repeat(h, 0)
+        y = np.linspace(0, 255, h)[:, None].repeat(w, 1)
+        img = np.stack([x, y, np.full_like(x, 128)], -1).round().astype(np.uint8)
+        Image.fromarray(img).save(root / "a" / f"g{k}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def indexed_folder(tmp_path_factory):
+    """37 small flat-colour JPEGs in 3 classes: red encodes the sample's index in sorted order and
+    blue its class, so every output pixel says which file it came from."""
+    root = tmp_path_factory.mktemp("indexed")
+    n = 37
+    for i in range(n):
+        c = i % 3
+        d = root / f"class{c}"
+        d.mkdir(exist_ok=True)
+        Image.new("RGB", (24 + i % 5, 20 + i % 7), (i * 6, 100, c * 100)).save(d / f"img{i:03d}.jpg", quality=100)
+    return root
+
+
+def decode_index(images: torch.Tensor) -> tuple[list, list]:
+    """(index, class) encoded by ``indexed_folder`` in a uint8 NCHW batch."""
+    px = images[:, :, images.shape[2] // 2, images.shape[3] // 2].float().cpu()
+    return [int(round(r / 6)) for r in px[:, 0].tolist()], [int(round(b / 100)) for b in px[:, 2].tolist()]
+
+
+def has_gpu():
+    return torch.cuda.is_available()
+
+
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu,
+                                         pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")]),
+]
+
+
+def abs_diff_stats(ours: torch.Tensor, ref: torch.Tensor) -> dict:
+    d = (ours.double().cpu() - ref.double().cpu()).abs().flatten()
+    return dict(mean=d.mean().item(), p99=torch.quantile(d[torch.randperm(len(d))[:1_000_000]], 0.99).item(),
+                max=d.max().item())
