@@ -96,7 +96,8 @@ class DataLoader:
     - ``batch_size, shuffle, sampler, batch_sampler, drop_last, generator``: exactly torch's meaning
       (torch's samplers are used).
     - ``num_workers``: CPU threads for DALI (decode on CPU, host-side work on GPU); 0 means all cores.
-    - ``prefetch_factor``: batches DALI prepares ahead (default 2).
+    - ``prefetch_factor``: batches DALI prepares ahead (default 2); unlike torch, allowed with
+      ``num_workers=0``.
     - ``pin_memory, pin_memory_device, timeout, worker_init_fn, multiprocessing_context,
       persistent_workers, in_order``: accepted, and used only when the chain runs on the
       torchvision path; the DALI path has no worker processes and produces batches on the device.
@@ -114,8 +115,9 @@ class DataLoader:
                  generator=None, *, prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True, device: Optional[str] = None,
                  seed: Optional[int] = None, hw_decoder_load: float = 0.9):
-        kwargs: dict[str, Any] = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-                                      pin_memory_device=pin_memory_device)
+        kwargs: dict[str, Any] = dict(persistent_workers=persistent_workers, pin_memory_device=pin_memory_device)
+        if num_workers > 0:  # torch rejects prefetch_factor without workers; DALI's prefetch needs none
+            kwargs["prefetch_factor"] = prefetch_factor
         if not in_order:
             kwargs["in_order"] = in_order
         # torch validates the arguments (same errors) and builds the samplers we iterate

@@ -59,10 +59,10 @@ def _int(x: Scalar):
     return int(x) if not _is_node(x) else fn.cast(x, dtype=types.INT32)
 
 
-def _vector(*xs: Scalar):
+def _int_vector(*xs: Scalar):
     if not any(_is_node(x) for x in xs):
-        return [float(x) for x in xs]
-    return fn.stack(*[_float(x) if _is_node(x) else types.Constant(float(x), dtype=types.FLOAT) for x in xs])
+        return [int(x) for x in xs]
+    return fn.stack(*[_int(x) if _is_node(x) else types.Constant(int(x), dtype=types.INT32) for x in xs])
 
 
 def resized_size(h: Scalar, w: Scalar, target) -> tuple[Scalar, Scalar]:
@@ -170,7 +170,7 @@ def _crop_offsets(g: _Graph, crop: dict) -> tuple[Scalar, Scalar]:
 def _slice(g: _Graph, step: Step, **_) -> None:
     ch, cw = step.args["size"]
     y, x = _crop_offsets(g, step.args)
-    g.img = fn.slice(g.img, start=_vector(y, x), shape=[float(ch), float(cw)], axis_names="HW",
+    g.img = fn.slice(g.img, start=_int_vector(y, x), shape=[int(ch), int(cw)], axis_names="HW",
                      out_of_bounds_policy="pad", fill_values=list(step.args["fill"]))
     g.h, g.w = ch, cw
 

@@ -1,0 +1,223 @@
+"""DataLoader semantics against torch's: coverage, order, batching, labels, fallbacks."""
+import warnings
+
+import pytest
+import torch
+import torch.utils.data as tud
+import torchvision
+
+import gputransforms
+from gputransforms import DataLoader, FallbackWarning, datasets
+from gputransforms import transforms as T
+
+from conftest import DEVICES, decode_index
+
+# flat-colour files: the centre pixel survives any of these chains
+INDEX_TF = T.Compose([T.Resize((8, 8)), T.PILToTensor()])
+
+
+def epoch(loader):
+    idx, cls, lab, sizes = [], [], [], []
+    for images, labels in loader:
+        i, c = decode_index(images)
+        idx += i
+        cls += c
+        lab += labels.cpu().tolist()
+        sizes.append(len(labels))
+        assert labels.dtype == torch.int64 and images.shape[0] == labels.shape[0]
+    return idx, cls, lab, sizes
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch_size,drop_last", [(1, False), (5, False), (5, True), (16, False), (36, True),
+                                                  (37, False), (64, False)])
+def test_every_sample_once_per_epoch(indexed_folder, device, batch_size, drop_last):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=drop_last, device=device, num_workers=2)
+    torch_loader = tud.DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=drop_last)
+    assert len(loader) == len(torch_loader)
+    n = len(ds)
+    orders = []
+    for _ in range(2):
+        idx, cls, lab, sizes = epoch(loader)
+        full = n // batch_size * batch_size
+        expected_sizes = [batch_size] * (n // batch_size) + ([] if drop_last or n == full else [n - full])
+        assert sizes == expected_sizes
+        assert len(sizes) == len(loader)
+        assert len(set(idx)) == len(idx), "a sample came twice"
+        if not drop_last:
+            assert sorted(idx) == list(range(n)), "a sample is missing"
+        assert lab == cls, "a label does not belong to its image"
+        assert lab == [ds.targets[i] for i in idx]
+        orders.append(idx)
+    if batch_size < n:
+        assert orders[0] != orders[1], "shuffle must differ between epochs"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_index_order_as_torch_with_same_generator(indexed_folder, device):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    ours = DataLoader(ds, batch_size=8, shuffle=True, generator=g1, device=device)
+    theirs = tud.DataLoader(ds, batch_size=8, shuffle=True, generator=g2)
+    for _ in range(2):
+        got = epoch(ours)[0]
+        want = [i for images, _ in theirs for i in decode_index(images)[0]]
+        assert got == want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequential_and_sampler_and_batch_sampler(indexed_folder, device):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    assert epoch(DataLoader(ds, batch_size=10, device=device))[0] == list(range(len(ds)))
+    sub = [5, 3, 30, 1]
+    assert epoch(DataLoader(ds, batch_size=3, sampler=sub, device=device))[0] == sub
+    assert epoch(DataLoader(ds, batch_sampler=[[4, 2], [9], [0, 1, 2]], device=device))[0] == [4, 2, 9, 0, 1, 2]
+    # sharding: two DistributedSampler ranks cover the dataset once between them (padding aside)
+    shards = [tud.distributed.DistributedSampler(ds, num_replicas=2, rank=r, shuffle=True, seed=1) for r in (0, 1)]
+    got = [epoch(DataLoader(ds, batch_size=4, sampler=s, device=device))[0] for s in shards]
+    assert set(got[0]) | set(got[1]) == set(range(len(ds)))
+    assert got[0] == list(iter(shards[0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_break_mid_epoch_then_iterate_again(indexed_folder, device):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, device=device, prefetch_factor=3)
+    for k, _ in enumerate(loader):
+        if k == 2:
+            break
+    idx = epoch(loader)[0]
+    assert sorted(idx) == list(range(len(ds)))
+    it = iter(loader)
+    next(it)
+    assert sorted(epoch(loader)[0]) == list(range(len(ds)))
+
+
+def test_torch_argument_errors_are_torchs(indexed_folder):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    for kwargs in (dict(shuffle=True, sampler=[0, 1]), dict(batch_sampler=[[0]], batch_size=2),
+                   dict(num_workers=-1), dict(batch_size=None, drop_last=True)):
+        with pytest.raises(ValueError) as ours:
+            DataLoader(ds, **kwargs)
+        with pytest.raises(ValueError) as theirs:
+            tud.DataLoader(ds, **kwargs)
+        assert str(ours.value) == str(theirs.value)
+
+
+def test_target_transform_applied(indexed_folder):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF, target_transform=lambda t: t + 10)
+    images, labels = next(iter(DataLoader(ds, batch_size=37, device="cpu")))
+    assert labels.tolist() == [t + 10 for t in ds.targets]
+
+
+def test_no_dali_runs_torchvision(indexed_folder, monkeypatch):
+    import gputransforms.loader as L
+
+    monkeypatch.setattr(L, "dali_available", lambda: False)
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    with pytest.warns(FallbackWarning, match="DALI is not installed"):
+        loader = DataLoader(ds, batch_size=8, shuffle=True, device="cpu")
+    assert loader.backend == "torchvision"
+    idx, cls, lab, _ = epoch(loader)
+    assert sorted(idx) == list(range(len(ds))) and lab == cls
+
+
+def test_custom_collate_and_plain_dataset_use_torchvision_path(indexed_folder):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    with pytest.warns(FallbackWarning, match="collate_fn"):
+        loader = DataLoader(ds, batch_size=4, collate_fn=lambda b: len(b), device="cpu")
+    assert list(loader)[:2] == [4, 4]
+    with pytest.warns(FallbackWarning, match="not an ImageFolder"):
+        loader = DataLoader(tud.Subset(ds, [0, 1, 2]), batch_size=2, device="cpu")
+    assert [len(y) for _, y in loader] == [2, 1]
+
+
+def test_untransformable_tail_runs_per_sample_with_torchvision_meaning(photo_folder):
+    """A transform without a lowering (Grayscale) runs per sample on what the graph hands over:
+    a PIL image here, since it precedes ToTensor; results match torchvision's."""
+    make = lambda: T.Compose([T.Resize(64), T.CenterCrop(64), T.Grayscale(num_output_channels=3), T.ToTensor()])
+    ds = datasets.ImageFolder(str(photo_folder), transform=make())
+    with pytest.warns(FallbackWarning, match="Grayscale"):
+        loader = DataLoader(ds, batch_size=16, device="cpu")
+    text = loader.explain()
+    assert "per sample with torchvision" in text and "Grayscale" in text and "crop_mirror_normalize" in text
+    got = torch.cat([x for x, _ in loader])
+    ref_ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=make())
+    ref = torch.stack([ref_ds[i][0] for i in range(len(ref_ds))])
+    assert ((got - ref).abs() * 255).mean() < 0.5
+
+
+def test_lambda_after_to_tensor_receives_a_tensor(photo_folder):
+    seen = []
+
+    def probe(x):
+        seen.append(type(x))
+        return x * 2
+
+    tf = T.Compose([T.Resize((32, 32)), T.ToTensor(), T.Lambda(probe)])
+    ds = datasets.ImageFolder(str(photo_folder), transform=tf)
+    with pytest.warns(FallbackWarning):
+        x, _ = next(iter(DataLoader(ds, batch_size=4, device="cpu")))
+    assert set(seen) == {torch.Tensor} and x.shape == (4, 3, 32, 32) and x.max() > 1.0
+
+
+def test_chain_ending_in_pil_image_is_a_clear_error(indexed_folder):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=T.Compose([T.Resize(8)]))
+    with pytest.raises(TypeError, match="ToTensor"):
+        DataLoader(ds, batch_size=2, device="cpu")
+
+
+def test_explain_shows_fusions():
+    train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                       T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    text = train.explain("gpu")
+    assert "decoders.image_random_crop(mixed)" in text and "ROI decode" in text
+    assert "crop_mirror_normalize(gpu)" in text and "fused" in text
+    steps = gputransforms.plan(train).steps
+    assert [s.op for s in steps] == ["decode", "resize", "crop_mirror_normalize"]
+    ev = gputransforms.plan(T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor()]))
+    assert [s.op for s in ev.steps] == ["decode", "resize", "crop_mirror_normalize"] and not ev.tail
+    # a flip before a crop cannot move into crop_mirror_normalize (it mirrors after cropping)
+    p = gputransforms.plan(T.Compose([T.RandomHorizontalFlip(), T.CenterCrop(10), T.ToTensor()]))
+    assert [s.op for s in p.steps] == ["decode", "flip", "crop_mirror_normalize"]
+
+
+def test_transforms_are_torchvisions():
+    """Same signatures, defaults, validation errors and eager behaviour, by being the same classes."""
+    for name in ["RandomResizedCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "Resize", "CenterCrop",
+                 "RandomCrop", "ToTensor", "PILToTensor", "ConvertImageDtype", "Normalize"]:
+        assert getattr(T, name) is getattr(torchvision.transforms, name)
+    assert T.ToImage is torchvision.transforms.v2.ToImage and T.ToDtype is torchvision.transforms.v2.ToDtype
+    assert issubclass(T.Compose, torchvision.transforms.Compose)
+    with pytest.raises(TypeError, match="Scale should be a sequence"):
+        T.RandomResizedCrop(224, scale=0.5)
+
+
+def test_imagefolder_equals_torchvisions(photo_folder, tmp_path):
+    ours = datasets.ImageFolder(str(photo_folder))
+    theirs = torchvision.datasets.ImageFolder(str(photo_folder))
+    for attr in ("classes", "class_to_idx", "samples", "targets", "imgs", "extensions"):
+        assert getattr(ours, attr) == getattr(theirs, attr)
+    assert len(ours) == len(theirs)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes((photo_folder / theirs.classes[0]).glob("*.jpg").__next__().read_bytes())
+    for cls in (datasets.ImageFolder, torchvision.datasets.ImageFolder):
+        with pytest.raises(FileNotFoundError, match="Found no valid file for the classes b"):
+            cls(str(tmp_path))
+    assert datasets.ImageFolder(str(tmp_path), allow_empty=True).classes == ["a", "b"]
+    only_a = datasets.ImageFolder(str(tmp_path), allow_empty=True, is_valid_file=lambda p: p.endswith("x.jpg"))
+    assert len(only_a) == 1
+    wrapped = datasets.ImageFolder.from_torchvision(theirs)
+    assert wrapped.samples == theirs.samples and isinstance(wrapped, datasets.ImageFolder)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_accepts_torchvision_imagefolder_instance(photo_folder, device):
+    tf = torchvision.transforms.Compose([torchvision.transforms.Resize((32, 32)), torchvision.transforms.ToTensor()])
+    loader = DataLoader(torchvision.datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=16,
+                        device=device)
+    assert loader.backend == "dali"
+    x, y = next(iter(loader))
+    assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float32
