@@ -9,6 +9,7 @@ are computed from them with torchvision's integer arithmetic, not DALI's own rou
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Optional
 
 import torch
@@ -29,6 +30,11 @@ _DALI_DTYPE = {
 }
 
 Scalar = Any  # int, or a DALI DataNode holding one int32 per sample
+
+#: nvJPEG's default chroma upsampling differs from libjpeg-turbo's (PIL's) "fancy" upsampling;
+#: matching it brings GPU decodes closer to torchvision. Set GPUTRANSFORMS_JPEG_FANCY_UPSAMPLING=0
+#: to trade that closeness for nvJPEG's default path.
+JPEG_FANCY_UPSAMPLING = os.environ.get("GPUTRANSFORMS_JPEG_FANCY_UPSAMPLING", "1") != "0"
 
 
 def _is_node(x) -> bool:
@@ -129,7 +135,7 @@ class _Graph:
 def _decode(g: _Graph, step: Step, *, hw_decoder_load: float) -> None:
     kw: dict[str, Any] = dict(output_type=types.RGB, adjust_orientation=False)  # torchvision ignores EXIF
     if g.device == "gpu":
-        kw.update(device="mixed", hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=True)
+        kw.update(device="mixed", hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=JPEG_FANCY_UPSAMPLING)
     else:
         kw.update(device="cpu")
     rc = step.args.get("random_crop")

@@ -1,0 +1,344 @@
+"""Side-by-side loader throughput, one process, one run.
+
+    python -m benchmarks.loader ROOT [--make-data N] [--batch-size 256] [--chains train,eval] [--out DIR]
+
+For each chain (train: RandomResizedCrop(224)+flip+ToTensor+Normalize; eval: Resize(256)+
+CenterCrop(224)+ToTensor+Normalize) it times, on the same folder:
+
+- ``torchvision``: ImageFolder + torch DataLoader with every core as a worker (pin_memory on GPU),
+  batches moved to the device;
+- ``dali-handwritten``: the pipeline a DALI user writes by hand (readers.file -> decode (mixed,
+  hw_decoder_load=0.9) -> resize -> crop_mirror_normalize, 8 threads, DALIGenericIterator);
+- ``dali-experimental-tv``: DALI's own ``nvidia.dali.experimental.torchvision`` Compose used as the
+  ImageFolder transform (per sample, main process; train chain only, on a slice of the data);
+- ``gputransforms``: ImageFolder + DataLoader from this package, the user's Compose unchanged.
+
+It prints a table (img/s, ratio to torchvision and to hand-written DALI, time to first batch, GPU
+memory in use on the device, peak host RSS), writes JSON and a PNG bar chart. Without a GPU the
+same pipelines run on the CPU (DALI's CPU operators). ``--scaling`` adds throughput and memory
+against batch size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def train_tf(T):
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def eval_tf(T):
+    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+CHAINS = {"train": train_tf, "eval": eval_tf}
+
+
+def _gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def _device_mem_used() -> int:
+    if not _gpu():
+        return 0
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def _rss_peak_mb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + kids) / 1024
+
+
+def _sync():
+    if _gpu():
+        torch.cuda.synchronize()
+
+
+def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
+    """Time-to-first-batch from construction, then img/s over at least ``n_images`` after warm-up
+    (epochs are restarted as needed, as a training loop would)."""
+    mem0 = _device_mem_used()
+    t0 = time.perf_counter()
+    loader = make_iterable()
+    it = iter(loader)
+    first = next(it)
+    _sync()
+    ttfb = time.perf_counter() - t0
+    seen_warm = 1
+    counted = 0
+    t_start = None
+    while True:
+        for batch in it:
+            x = batch[0]
+            if seen_warm < warmup_batches:
+                seen_warm += 1
+                continue
+            if t_start is None:
+                _sync()
+                t_start = time.perf_counter()
+                continue
+            counted += x.shape[0]
+            if counted >= n_images:
+                break
+        if counted >= n_images:
+            break
+        it = iter(loader)
+    _sync()
+    elapsed = time.perf_counter() - t_start
+    out = dict(img_s=counted / elapsed, ttfb_s=ttfb, images=counted, gpu_mem_mb=(_device_mem_used() - mem0) / 2**20,
+               shape=list(first[0].shape), dtype=str(first[0].dtype), device=str(first[0].device))
+    del loader, it, first
+    return out
+
+
+# --- pipelines ---------------------------------------------------------------------------------
+
+def run_torchvision(root, chain, batch_size, workers):
+    import torchvision.transforms as T
+
+    dev = torch.device("cuda" if _gpu() else "cpu")
+
+    def make():
+        ds = torchvision.datasets.ImageFolder(root, transform=CHAINS[chain](T))
+        dl = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=chain == "train", num_workers=workers,
+                                         pin_memory=_gpu(), persistent_workers=workers > 0,
+                                         prefetch_factor=4 if workers else None)
+        return _Moved(dl, dev)
+
+    return make
+
+
+class _Moved:
+    def __init__(self, dl, dev):
+        self.dl, self.dev = dl, dev
+
+    def __iter__(self):
+        for x, y in self.dl:
+            yield x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
+
+
+def run_dali_handwritten(root, chain, batch_size, threads):
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    gpu = _gpu()
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1,
+                  prefetch_queue_depth=2)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain == "train", name="reader")
+        dev = "mixed" if gpu else "cpu"
+        kw = dict(hw_decoder_load=0.9) if gpu else {}
+        if chain == "train":
+            images = fn.decoders.image_random_crop(jpegs, device=dev, output_type=types.RGB, **kw)
+            images = fn.resize(images, resize_x=224, resize_y=224)
+            mirror = fn.random.coin_flip()
+            crop = {}
+        else:
+            images = fn.decoders.image(jpegs, device=dev, output_type=types.RGB, **kw)
+            images = fn.resize(images, resize_shorter=256)
+            mirror = 0
+            crop = dict(crop=(224, 224))
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD], mirror=mirror,
+                                          **crop)
+        return images, labels.gpu() if gpu else labels
+
+    def make():
+        p = pipe()
+        p.build()
+        it = DALIGenericIterator(p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL,
+                                 auto_reset=True)
+        return _DaliIt(it)
+
+    return make
+
+
+class _DaliIt:
+    def __init__(self, it):
+        self.it = it
+
+    def __iter__(self):
+        for out in self.it:
+            yield out[0]["x"], out[0]["y"]
+
+
+def run_dali_experimental(root, chain, batch_size, _threads, limit=512):
+    import nvidia.dali.experimental.torchvision as dtv
+    import torchvision.transforms.functional as F
+
+    dev = "gpu" if _gpu() else "cpu"
+    comp = dtv.Compose([dtv.RandomResizedCrop(224, device=dev), dtv.RandomHorizontalFlip(device=dev)])
+
+    def tf(img):
+        out = comp(img)
+        out = out if isinstance(out, torch.Tensor) else F.pil_to_tensor(out)
+        if out.shape[-1] == 3:
+            out = out.permute(2, 0, 1)
+        return F.normalize(out.float().div(255), MEAN, STD)
+
+    def make():
+        ds = torchvision.datasets.ImageFolder(root, transform=tf)
+        ds = torch.utils.data.Subset(ds, torch.randperm(len(ds))[:limit].tolist())
+        return torch.utils.data.DataLoader(ds, batch_size=min(batch_size, 64), num_workers=0)
+
+    return make
+
+
+def run_gputransforms(root, chain, batch_size, threads, fancy_upsampling=True):
+    import gputransforms.compiler.dali as lowering
+    from gputransforms import DataLoader, datasets
+    from gputransforms import transforms as T
+
+    def make():
+        lowering.JPEG_FANCY_UPSAMPLING = fancy_upsampling
+        ds = datasets.ImageFolder(root, transform=CHAINS[chain](T))
+        return DataLoader(ds, batch_size=batch_size, shuffle=chain == "train", num_workers=threads)
+
+    return make
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def table(rows) -> str:
+    head = f"{'chain':6} {'pipeline':22} {'img/s':>9} {'x tv':>6} {'x dali':>7} {'1st batch s':>11} {'GPU MiB':>8} " \
+           f"{'RSS MiB':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['chain']:6} {r['pipeline']:22} {'n/a':>9}  ({r['error'][:70]})")
+            continue
+        lines.append(f"{r['chain']:6} {r['pipeline']:22} {r['img_s']:9.0f} {r.get('x_torchvision', 0):6.2f} "
+                     f"{r.get('x_dali', 0):7.2f} {r['ttfb_s']:11.2f} {r['gpu_mem_mb']:8.0f} {r['rss_mb']:8.0f}")
+    return "\n".join(lines)
+
+
+def bar_chart(rows, path: Path):
+    from PIL import Image, ImageDraw
+
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return
+    w, bar_h, pad = 900, 26, 8
+    img = Image.new("RGB", (w, 40 + len(ok) * (bar_h + pad)), "white")
+    d = ImageDraw.Draw(img)
+    d.text((10, 10), f"images/s, batch of {ok[0]['shape'][0]} ({'GPU' if _gpu() else 'CPU'})", fill="black")
+    top = max(r["img_s"] for r in ok)
+    colours = {"torchvision": (120, 120, 120), "dali-handwritten": (118, 185, 0), "gputransforms": (30, 100, 200),
+               "dali-experimental-tv": (200, 120, 40)}
+    for k, r in enumerate(ok):
+        y = 34 + k * (bar_h + pad)
+        label = f"{r['chain']}: {r['pipeline']}"
+        d.text((10, y + 7), label, fill="black")
+        length = int((w - 330) * r["img_s"] / top)
+        d.rectangle([240, y, 240 + length, y + bar_h], fill=colours.get(r["pipeline"], (90, 90, 90)))
+        d.text((246 + length, y + 7), f"{r['img_s']:.0f}", fill="black")
+    img.save(path)
+
+
+PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwritten,
+             "dali-experimental-tv": run_dali_experimental, "gputransforms": run_gputransforms,
+             # nvJPEG's own chroma upsampling instead of libjpeg-turbo's (faster?, further from PIL)
+             "gputransforms-nvjpeg-ups": lambda *a: run_gputransforms(*a, fancy_upsampling=False)}
+
+
+def make_data(root: str, n: int):
+    """An ImageNet-like folder of real-photo JPEGs via ../shared/data/make_imagefolder.py when it is
+    there, else gputransforms' own synthetic generator."""
+    here = Path(__file__).resolve().parents[1]
+    for script in (here.parent / "shared/data/make_imagefolder.py", here / ".gpu/make_imagefolder.py"):
+        if script.exists():
+            classes = max(1, min(20, n // 50))
+            subprocess.run([sys.executable, str(script), root, "--classes", str(classes), "--per-class",
+                            str(max(1, n // classes)), "--seed", "1", "--jobs", str(os.cpu_count() or 1)], check=True)
+            return
+    from gputransforms.demo import make_sample_folder
+
+    make_sample_folder(root, n)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="gputransforms loader benchmark")
+    ap.add_argument("root")
+    ap.add_argument("--make-data", type=int, default=0, metavar="N", help="first write N ImageNet-like JPEGs to ROOT")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--chains", default="train,eval")
+    ap.add_argument("--pipelines", default="torchvision,dali-handwritten,dali-experimental-tv,gputransforms")
+    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="torchvision DataLoader workers")
+    ap.add_argument("--threads", type=int, default=8, help="DALI threads (hand-written and gputransforms)")
+    ap.add_argument("--images", type=int, default=0, help="images timed per pipeline (default: 2 epochs, "
+                                                           "1 for torchvision)")
+    ap.add_argument("--scaling", action="store_true", help="also gputransforms throughput vs batch size")
+    ap.add_argument("--out", default="bench-out")
+    a = ap.parse_args(argv)
+    if a.make_data:
+        make_data(a.root, a.make_data)
+    n_files = len(torchvision.datasets.ImageFolder(a.root).samples)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for chain in a.chains.split(","):
+        for name in a.pipelines.split(","):
+            if name == "dali-experimental-tv" and chain != "train":
+                continue
+            threads = a.workers if name == "torchvision" else a.threads
+            n = a.images or (n_files if name == "torchvision" else 2 * n_files)
+            if name == "dali-experimental-tv":
+                n = min(n, 384)
+            row = dict(chain=chain, pipeline=name)
+            try:
+                row.update(timed(PIPELINES[name](a.root, chain, a.batch_size, threads), n))
+            except Exception as e:  # noqa: BLE001 - one failing pipeline must not hide the others
+                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            row["rss_mb"] = _rss_peak_mb()
+            rows.append(row)
+            print(f"  {chain} {name}: {row.get('img_s', float('nan')):.0f} img/s {row.get('error', '')}", flush=True)
+        base = {r["pipeline"]: r.get("img_s") for r in rows if r["chain"] == chain}
+        for r in rows:
+            if r["chain"] == chain and "img_s" in r:
+                if base.get("torchvision"):
+                    r["x_torchvision"] = r["img_s"] / base["torchvision"]
+                if base.get("dali-handwritten"):
+                    r["x_dali"] = r["img_s"] / base["dali-handwritten"]
+    scaling = []
+    if a.scaling:
+        for bs in (32, 64, 128, 256, 512, 1024):
+            try:
+                torch.cuda.empty_cache() if _gpu() else None
+                r = timed(run_gputransforms(a.root, "train", bs, a.threads), 2 * n_files)
+                scaling.append(dict(batch_size=bs, img_s=r["img_s"], gpu_mem_mb=r["gpu_mem_mb"]))
+                print(f"  scaling batch {bs}: {r['img_s']:.0f} img/s, GPU {r['gpu_mem_mb']:.0f} MiB", flush=True)
+            except Exception as e:  # noqa: BLE001
+                scaling.append(dict(batch_size=bs, error=str(e).splitlines()[0]))
+    info = dict(device=torch.cuda.get_device_name() if _gpu() else "cpu", cores=os.cpu_count(), files=n_files,
+                torch=torch.__version__, torchvision=torchvision.__version__, batch_size=a.batch_size,
+                torchvision_workers=a.workers, dali_threads=a.threads)
+    try:
+        import nvidia.dali
+
+        info["dali"] = nvidia.dali.__version__
+    except ImportError:
+        pass
+    (out / "loader.json").write_text(json.dumps(dict(info=info, rows=rows, scaling=scaling), indent=2))
+    bar_chart(rows, out / "loader.png")
+    print(json.dumps(info))
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
