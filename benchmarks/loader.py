@@ -68,10 +68,35 @@ def _sync():
         torch.cuda.synchronize()
 
 
+class _PeakGpuMemory:
+    """Device-wide GPU memory in use, sampled every 20 ms (DALI's allocations are not torch's, so
+    torch.cuda.max_memory_allocated would miss them); reported as peak minus the level before."""
+
+    def __init__(self):
+        import threading
+
+        self.base = self.peak = _device_mem_used()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if _gpu():
+            self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _device_mem_used())
+
+    def stop_mb(self) -> float:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        return (max(self.peak, _device_mem_used()) - self.base) / 2**20
+
+
 def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
     """Time-to-first-batch from construction, then img/s over at least ``n_images`` after warm-up
     (epochs are restarted as needed, as a training loop would)."""
-    mem0 = _device_mem_used()
+    gc_collect()
+    mem = _PeakGpuMemory()
     t0 = time.perf_counter()
     loader = make_iterable()
     it = iter(loader)
@@ -99,10 +124,19 @@ def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
         it = iter(loader)
     _sync()
     elapsed = time.perf_counter() - t_start
-    out = dict(img_s=counted / elapsed, ttfb_s=ttfb, images=counted, gpu_mem_mb=(_device_mem_used() - mem0) / 2**20,
+    out = dict(img_s=counted / elapsed, ttfb_s=ttfb, images=counted, gpu_mem_mb=mem.stop_mb(),
                shape=list(first[0].shape), dtype=str(first[0].dtype), device=str(first[0].device))
     del loader, it, first
+    gc_collect()
     return out
+
+
+def gc_collect():
+    import gc
+
+    gc.collect()
+    if _gpu():
+        torch.cuda.empty_cache()
 
 
 # --- pipelines ---------------------------------------------------------------------------------
@@ -215,14 +249,14 @@ def run_gputransforms(root, chain, batch_size, threads, fancy_upsampling=True):
 # --- report -------------------------------------------------------------------------------------
 
 def table(rows) -> str:
-    head = f"{'chain':6} {'pipeline':22} {'img/s':>9} {'x tv':>6} {'x dali':>7} {'1st batch s':>11} {'GPU MiB':>8} " \
-           f"{'RSS MiB':>8}"
+    head = f"{'chain':6} {'pipeline':24} {'img/s':>9} {'x tv':>6} {'x dali':>7} {'1st batch s':>11} {'GPU MiB':>8} " \
+           f"{'RSS MiB':>8}"  # GPU MiB: peak device-wide use above the level before; RSS: process peak
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['chain']:6} {r['pipeline']:22} {'n/a':>9}  ({r['error'][:70]})")
+            lines.append(f"{r['chain']:6} {r['pipeline']:24} {'n/a':>9}  ({r['error'][:70]})")
             continue
-        lines.append(f"{r['chain']:6} {r['pipeline']:22} {r['img_s']:9.0f} {r.get('x_torchvision', 0):6.2f} "
+        lines.append(f"{r['chain']:6} {r['pipeline']:24} {r['img_s']:9.0f} {r.get('x_torchvision', 0):6.2f} "
                      f"{r.get('x_dali', 0):7.2f} {r['ttfb_s']:11.2f} {r['gpu_mem_mb']:8.0f} {r['rss_mb']:8.0f}")
     return "\n".join(lines)
 

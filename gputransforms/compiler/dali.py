@@ -134,11 +134,13 @@ class _Graph:
 
 def _decode(g: _Graph, step: Step, *, hw_decoder_load: float) -> None:
     kw: dict[str, Any] = dict(output_type=types.RGB, adjust_orientation=False)  # torchvision ignores EXIF
+    rc = step.args.get("random_crop")
     if g.device == "gpu":
-        kw.update(device="mixed", hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=JPEG_FANCY_UPSAMPLING)
+        # nvJPEG < 13.2 disables fancy upsampling for ROI decodes (warning once per thread and image)
+        kw.update(device="mixed", hw_decoder_load=hw_decoder_load,
+                  jpeg_fancy_upsampling=JPEG_FANCY_UPSAMPLING and not rc)
     else:
         kw.update(device="cpu")
-    rc = step.args.get("random_crop")
     if rc:
         g.img = fn.decoders.image_random_crop(g.encoded, random_area=list(rc["scale"]),
                                               random_aspect_ratio=list(rc["ratio"]), num_attempts=10, **kw)
