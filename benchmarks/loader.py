@@ -233,15 +233,13 @@ def run_dali_experimental(root, chain, batch_size, _threads, limit=512):
     return make
 
 
-def run_gputransforms(root, chain, batch_size, threads, fancy_upsampling=True):
-    import gputransforms.compiler.dali as lowering
+def run_gputransforms(root, chain, batch_size, threads, **loader_kwargs):
     from gputransforms import DataLoader, datasets
     from gputransforms import transforms as T
 
     def make():
-        lowering.JPEG_FANCY_UPSAMPLING = fancy_upsampling
         ds = datasets.ImageFolder(root, transform=CHAINS[chain](T))
-        return DataLoader(ds, batch_size=batch_size, shuffle=chain == "train", num_workers=threads)
+        return DataLoader(ds, batch_size=batch_size, shuffle=chain == "train", num_workers=threads, **loader_kwargs)
 
     return make
 
@@ -286,8 +284,8 @@ def bar_chart(rows, path: Path):
 
 PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwritten,
              "dali-experimental-tv": run_dali_experimental, "gputransforms": run_gputransforms,
-             # nvJPEG's own chroma upsampling instead of libjpeg-turbo's (faster?, further from PIL)
-             "gputransforms-nvjpeg-ups": lambda *a: run_gputransforms(*a, fancy_upsampling=False)}
+             # libjpeg-turbo's chroma upsampling on the GPU: closer to PIL, slower
+             "gputransforms-fancy-ups": lambda *a: run_gputransforms(*a, jpeg_fancy_upsampling=True)}
 
 
 def make_data(root: str, n: int):

@@ -9,7 +9,6 @@ are computed from them with torchvision's integer arithmetic, not DALI's own rou
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Optional
 
 import torch
@@ -31,10 +30,6 @@ _DALI_DTYPE = {
 
 Scalar = Any  # int, or a DALI DataNode holding one int32 per sample
 
-#: nvJPEG's default chroma upsampling differs from libjpeg-turbo's (PIL's) "fancy" upsampling;
-#: matching it brings GPU decodes closer to torchvision. Set GPUTRANSFORMS_JPEG_FANCY_UPSAMPLING=0
-#: to trade that closeness for nvJPEG's default path.
-JPEG_FANCY_UPSAMPLING = os.environ.get("GPUTRANSFORMS_JPEG_FANCY_UPSAMPLING", "1") != "0"
 
 
 def _is_node(x) -> bool:
@@ -132,13 +127,13 @@ class _Graph:
     encoded: Any
 
 
-def _decode(g: _Graph, step: Step, *, hw_decoder_load: float) -> None:
+def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampling: bool) -> None:
     kw: dict[str, Any] = dict(output_type=types.RGB, adjust_orientation=False)  # torchvision ignores EXIF
     rc = step.args.get("random_crop")
     if g.device == "gpu":
-        # nvJPEG < 13.2 disables fancy upsampling for ROI decodes (warning once per thread and image)
+        # nvJPEG < 13.2 refuses fancy upsampling for ROI decodes (and warns for every image)
         kw.update(device="mixed", hw_decoder_load=hw_decoder_load,
-                  jpeg_fancy_upsampling=JPEG_FANCY_UPSAMPLING and not rc)
+                  jpeg_fancy_upsampling=jpeg_fancy_upsampling and not rc)
     else:
         kw.update(device="cpu")
     if rc:
@@ -228,19 +223,25 @@ LOWER: dict[str, Callable] = {
 }
 
 
-def build_pipeline(plan: Plan, source: Callable, *, device: str, batch_size: int, num_threads: int,
+def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch_size: int, num_threads: int,
                    seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
-                   hw_decoder_load: float = 0.9) -> Pipeline:
-    """One DALI pipeline for ``plan``, fed encoded files by ``source`` (a batch callback)."""
+                   hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
+                   reader: Optional[Callable] = None) -> Pipeline:
+    """One DALI pipeline for ``plan``, fed encoded files by ``source`` (a batch callback), or by
+    ``reader()`` (a function returning a DALI node of encoded files, e.g. fn.readers.file, used by
+    the benchmarks to take Python out of the measurement)."""
     if device == "gpu" and device_id is None:
         device_id = torch.cuda.current_device()
     pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
                     seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
     with pipe:
-        encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
-                                     cycle=None, no_copy=False)
+        if reader is not None:
+            encoded = reader()
+        else:
+            encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
+                                         no_copy=False)
         g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded)
         for step in plan.steps:
-            LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load)
+            LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
         pipe.set_outputs(g.img)
     return pipe
