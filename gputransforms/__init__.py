@@ -4,7 +4,8 @@
 """
 from . import datasets, transforms
 from .compiler import explain, plan
-from .loader import DataLoader, FallbackWarning
+from .files import BadSampleError
+from .loader import DataLoader, FallbackWarning, SkippedSamplesWarning
 
 __version__ = "0.1.0"
-__all__ = ["DataLoader", "FallbackWarning", "datasets", "explain", "plan", "transforms"]
+__all__ = ["BadSampleError", "DataLoader", "FallbackWarning", "SkippedSamplesWarning", "datasets", "explain", "plan", "transforms"]

@@ -10,23 +10,28 @@ and popped when its images come out, in order.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-import numpy as np
 import torch
 import torch.utils.data as tud
 from torchvision.datasets import DatasetFolder
 from torchvision.datasets.folder import default_loader, pil_loader
 
+from . import files
 from .compiler import persample
 from .compiler.plan import Plan, plan as make_plan
 
 
 class FallbackWarning(UserWarning):
     """Part of a transform chain runs per sample with torchvision instead of in the DALI graph."""
+
+
+class SkippedSamplesWarning(UserWarning):
+    """With on_error="skip", samples whose files could not be loaded were left out of an epoch."""
 
 
 def dali_available() -> bool:
@@ -46,23 +51,6 @@ def _is_image_folder_loader(loader) -> bool:
     return loader in (default_loader, pil_loader)
 
 
-def _read_file(path: str) -> bytes:
-    # os.read releases the GIL for the whole read and has no Python-level buffering: 6x the file
-    # rate of np.fromfile per thread here, and reading runs beside the main thread feeding DALI
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size)
-        while len(data) < size:  # os.read may return less for large files
-            chunk = os.read(fd, size - len(data))
-            if not chunk:
-                break
-            data += chunk
-        return data
-    finally:
-        os.close(fd)
-
-
 class _Epoch:
     """One pass over the sampler: reads files ahead in threads, feeds DALI, remembers the order."""
 
@@ -74,17 +62,23 @@ class _Epoch:
         self.reading: collections.deque = collections.deque()
         self.in_flight: collections.deque = collections.deque()
         self.stopped = False
+        self.skip = loader.on_error == "skip"
+        self.skipped = loader.skipped
+        self.error: Optional[files.BadSampleError] = None
         self._fill()
 
     def _read(self, indices):
-        out = []
+        """Encoded files of one batch; bad files raise, or are dropped and recorded with on_error="skip"."""
+        data, kept = [], []
         for i in indices:
-            path = self.samples[i][0]
             try:
-                out.append(np.frombuffer(_read_file(path), dtype=np.uint8))
-            except OSError as e:
-                raise OSError(f"gputransforms: cannot read sample {i} ({path}): {e}") from e
-        return out
+                data.append(files.prepare(i, self.samples[i][0]))
+                kept.append(i)
+            except files.BadSampleError as e:
+                if not self.skip:
+                    raise
+                self.skipped.append(e)
+        return kept, data
 
     def _fill(self):
         while not self.stopped and len(self.reading) < self.lookahead:
@@ -96,13 +90,19 @@ class _Epoch:
 
     def next_encoded(self):
         """The external_source callback: the next batch of encoded files, in sampler order."""
-        if self.stopped or not self.reading:
-            raise StopIteration
-        indices, future = self.reading.popleft()
-        data = future.result()
-        self.in_flight.append(indices)
-        self._fill()
-        return data
+        while True:
+            if self.stopped or not self.reading:
+                raise StopIteration
+            _, future = self.reading.popleft()
+            try:
+                indices, data = future.result()
+            except files.BadSampleError as e:
+                self.error = e  # raised from the loop by the iterator, not from inside DALI
+                raise StopIteration
+            self._fill()
+            if indices:  # a batch whose every file was skipped is not fed
+                self.in_flight.append(indices)
+                return data
 
 
 class DataLoader:
@@ -124,6 +124,10 @@ class DataLoader:
     Extra keyword arguments: ``device`` ("gpu", "cpu" or None for the GPU when torch sees one),
     ``seed`` (DALI's seed; default drawn from ``generator``/torch's RNG like torch's base seed),
     ``hw_decoder_load`` (share of JPEGs for the hardware decoder on GPUs that have one),
+    ``on_error`` ("raise": a file that cannot be loaded raises ``BadSampleError`` naming it and its
+    sample index, from the loop, after the batches before it; "skip": such samples are left out,
+    every other sample still comes once, ``DataLoader.skipped`` lists them and a
+    ``SkippedSamplesWarning`` reports them at the end of the epoch),
     ``jpeg_fancy_upsampling`` (GPU only: decode chroma like libjpeg-turbo/PIL; closer to torchvision,
     mean |diff| 0.15 instead of ~0.5 in 0-255 units, but ~30% slower decoding on an H100; never
     applied to RandomResizedCrop's ROI decode, which nvJPEG < 13.2 does not support).
@@ -134,7 +138,8 @@ class DataLoader:
                  drop_last: bool = False, timeout: float = 0, worker_init_fn=None, multiprocessing_context=None,
                  generator=None, *, prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True, device: Optional[str] = None,
-                 seed: Optional[int] = None, hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False):
+                 seed: Optional[int] = None, hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
+                 on_error: str = "raise"):
         kwargs: dict[str, Any] = dict(persistent_workers=persistent_workers, pin_memory_device=pin_memory_device)
         if num_workers > 0:  # torch rejects prefetch_factor without workers; DALI's prefetch needs none
             kwargs["prefetch_factor"] = prefetch_factor
@@ -153,6 +158,10 @@ class DataLoader:
         if self.device == "gpu" and not torch.cuda.is_available():
             raise RuntimeError("device='gpu' but torch sees no CUDA device")
         self.seed = seed
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+        self.skipped: list = []  # files.BadSampleError of the current/last epoch (on_error="skip")
         self.hw_decoder_load = hw_decoder_load
         self.jpeg_fancy_upsampling = jpeg_fancy_upsampling
         self.num_threads = num_workers if num_workers > 0 else (os.cpu_count() or 1)
@@ -221,26 +230,44 @@ class DataLoader:
                 batch = _to_device(batch, dev)
             yield batch
 
+    def _build_pipeline(self, seed: int):
+        from .compiler.dali import build_pipeline
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, self.num_threads)),
+                                            thread_name_prefix="gputransforms-read")
+        max_batch = self._torch.batch_size or max(len(b) for b in self._torch._index_sampler)
+        self._pipe = build_pipeline(self.plan, self._feed, device=self.device, batch_size=max_batch,
+                                    num_threads=self.num_threads, seed=seed,
+                                    prefetch_queue_depth=self.prefetch_queue_depth,
+                                    hw_decoder_load=self.hw_decoder_load,
+                                    jpeg_fancy_upsampling=self.jpeg_fancy_upsampling)
+        self._pipe.build()
+
     def _start_epoch(self) -> _Epoch:
         self._finish_epoch()
         # the same draws from ``generator`` as torch's _BaseDataLoaderIter, in the same order
         batches = iter(self._torch._index_sampler)
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=self._torch.generator).item()
+        self._seed = self.seed if self.seed is not None else base_seed % (2 ** 31)
         if self._pipe is None:
-            from .compiler.dali import build_pipeline
-
-            seed = self.seed if self.seed is not None else base_seed % (2 ** 31)
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, self.num_threads)),
-                                                thread_name_prefix="gputransforms-read")
-            max_batch = self._torch.batch_size or max(len(b) for b in self._torch._index_sampler)
-            self._pipe = build_pipeline(self.plan, self._feed, device=self.device, batch_size=max_batch,
-                                        num_threads=self.num_threads, seed=seed,
-                                        prefetch_queue_depth=self.prefetch_queue_depth,
-                                        hw_decoder_load=self.hw_decoder_load,
-                                        jpeg_fancy_upsampling=self.jpeg_fancy_upsampling)
-            self._pipe.build()
+            self._build_pipeline(self._seed)
+        self.skipped = []
         self._epoch = _Epoch(self, batches, self._pool, lookahead=self.prefetch_queue_depth + 2)
+        return self._epoch
+
+    def _restart_after_decode_error(self, epoch: _Epoch, bad: files.BadSampleError) -> _Epoch:
+        """on_error="skip" and DALI failed on a file PIL cannot decode either: the pipeline object
+        is dead after any error, so build a new one and feed it again, in order, every batch that
+        was in flight (without the bad file) before the rest of the epoch."""
+        self.skipped.append(bad)
+        pending = [[i for i in b if i != bad.index] for b in epoch.in_flight]
+        pending += [b for b, _ in epoch.reading]
+        epoch.stopped = True
+        self._pipe = None
+        self._build_pipeline(self._seed + len(self.skipped))
+        self._epoch = _Epoch(self, itertools.chain([b for b in pending if b], epoch.batches), self._pool,
+                             lookahead=self.prefetch_queue_depth + 2)
         return self._epoch
 
     def _feed(self):
@@ -267,24 +294,28 @@ class DataLoader:
 
     def _iter_dali(self):
         epoch = self._start_epoch()
-        pipe = self._pipe
         dev = self._torch_device()
         stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
         dataset = self._torch.dataset
         targets = [s[1] for s in dataset.samples]
         target_transform = dataset.target_transform
-        try:
-            pipe.schedule_run()
-        except StopIteration:
-            pass
+        scheduled = False
         while True:
+            pipe = self._pipe
             try:
+                if not scheduled:
+                    scheduled = True
+                    pipe.schedule_run()
                 out = pipe.outputs(stream) if stream is not None else pipe.outputs()
             except StopIteration:
                 break
             except RuntimeError as e:
+                err = _named_error(e, list(epoch.in_flight[0]) if epoch.in_flight else [], dataset)
+                if self.on_error == "skip" and isinstance(err, files.BadSampleError):
+                    epoch, scheduled = self._restart_after_decode_error(epoch, err), False
+                    continue
                 self._pipe, self._epoch = None, None
-                raise _named_error(e, epoch.in_flight[0] if epoch.in_flight else [], dataset.samples) from e
+                raise err from e
             indices = epoch.in_flight.popleft()
             images = _to_torch(out[0])
             pipe.schedule_run()
@@ -298,7 +329,13 @@ class DataLoader:
                 labels = tud.default_collate([target_transform(targets[i]) for i in indices])
             yield images, _to_device(labels, dev)
         self._epoch = None
-        pipe.reset()
+        self._pipe.reset()
+        if epoch.error is not None:
+            raise epoch.error
+        if self.skipped:
+            shown = "; ".join(f"{e.index}: {e.path} ({e.reason})" for e in self.skipped[:5])
+            warnings.warn(f"gputransforms: skipped {len(self.skipped)} sample(s) this epoch "
+                          f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=2)
 
     def __del__(self):
         pool = getattr(self, "_pool", None)
@@ -321,14 +358,27 @@ def _to_device(batch, dev: torch.device):
     return batch
 
 
-def _named_error(err: Exception, indices, samples) -> RuntimeError:
-    """DALI reports "Critical error in pipeline" without the file; find which one PIL cannot read."""
+def _named_error(err: Exception, indices, dataset) -> Exception:
+    """DALI reports "Critical error in pipeline" without the file. Find it: first a file PIL cannot
+    decode, else the sample on which torchvision's own run of the chain raises (an image smaller
+    than RandomCrop's size, say), re-raised as torchvision's exception type with the file named."""
+    samples = dataset.samples
     for i in indices:
         path = samples[i][0]
         try:
             pil_loader(path)
         except Exception as pil_err:  # noqa: BLE001 - any failure to decode names the file
-            return RuntimeError(f"gputransforms: sample {i} ({path}) could not be decoded: {pil_err}")
+            return files.BadSampleError(i, path, f"cannot be decoded ({type(pil_err).__name__}: {pil_err})")
+    if dataset.transform is not None:
+        for i in indices:
+            path = samples[i][0]
+            try:
+                dataset.transform(pil_loader(path))
+            except Exception as tv_err:  # noqa: BLE001 - torchvision's exception is the answer
+                try:
+                    return type(tv_err)(f"{tv_err} (sample {i}: {path})")
+                except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+                    return RuntimeError(f"gputransforms: sample {i} ({path}): {type(tv_err).__name__}: {tv_err}")
     paths = ", ".join(f"{i}: {samples[i][0]}" for i in indices[:8])
     more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
     first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

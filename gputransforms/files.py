@@ -1,0 +1,157 @@
+"""What reaches the decoder: a sample's file, read and checked so that DALI decodes it as
+torchvision's loader (``PIL.Image.open(p).convert("RGB")``) would, or an error that names it.
+
+DALI by itself stops the whole pipeline with an unnamed "Critical error" on a bad file, decodes a
+truncated JPEG on the GPU without complaint (PIL raises), and scales 16-bit PNGs where PIL clips.
+So each file is sniffed here, in the reader threads, from its first bytes:
+
+- empty files, files no decoder recognises and files PIL cannot open raise ``BadSampleError``;
+- image sizes go through PIL's own decompression-bomb check (``Image.MAX_IMAGE_PIXELS``);
+- a JPEG that does not end with its EOI marker is checked by PIL: an error like PIL's, or, when the
+  user enabled ``ImageFile.LOAD_TRUNCATED_IMAGES``, PIL's decode of it;
+- what DALI would decode differently from PIL (16-bit PNG/TIFF, formats DALI lacks such as GIF) is
+  decoded by PIL here and handed to DALI as an uncompressed BMP, which every DALI backend decodes
+  exactly.
+
+JPEG and 8-bit PNG, nearly every real file, cost a header scan of a few markers.
+"""
+from __future__ import annotations
+
+import io
+import os
+import struct
+from typing import Optional
+
+import numpy as np
+from PIL import Image
+
+
+class BadSampleError(RuntimeError):
+    """A sample whose file cannot be loaded; names the file and the sample index."""
+
+    def __init__(self, index: int, path: str, reason: str):
+        super().__init__(f"gputransforms: sample {index} ({path}): {reason}")
+        self.index, self.path, self.reason = index, path, reason
+
+
+def read_file(path: str) -> bytes:
+    # os.read releases the GIL for the whole read and has no Python-level buffering: 6x the file
+    # rate of np.fromfile per thread, and reading runs beside the main thread feeding DALI
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size)
+        while len(data) < size:  # os.read may return less for large files
+            chunk = os.read(fd, size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def jpeg_size(data: bytes) -> Optional[tuple[int, int]]:
+    """(width, height) from a JPEG's SOF marker, or None if the header is malformed."""
+    i, n = 2, len(data)
+    while i + 9 < n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _SOF:
+            h, w = struct.unpack(">HH", data[i + 5:i + 9])
+            return (w, h)
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        (length,) = struct.unpack(">H", data[i + 2:i + 4])
+        i += 2 + length
+    return None
+
+
+def _jpeg_complete(data: bytes) -> bool:
+    tail = data[-16:].rstrip(b"\x00\r\n ")
+    return tail.endswith(b"\xff\xd9")
+
+
+def sniff(data: bytes) -> str:
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png16" if len(data) > 24 and data[24] == 16 else "png"
+    if data[:2] == b"BM":
+        return "bmp"
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:2] in (b"P1", b"P2", b"P3", b"P4", b"P5", b"P6"):
+        return "pnm"
+    if data[:12] == b"\x00\x00\x00\x0cjP  \r\n\x87\n" or data[:4] == b"\xff\x4f\xff\x51":
+        return "jpeg2000"
+    return "other"
+
+
+def _pil_open(data: bytes, index: int, path: str) -> Image.Image:
+    try:
+        img = Image.open(io.BytesIO(data))  # runs PIL's decompression-bomb check on the header
+    except Image.DecompressionBombError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever PIL says is the reason
+        raise BadSampleError(index, path, f"not an image PIL can open ({type(e).__name__}: {e})") from e
+    return img
+
+
+def _pil_to_bmp(data: bytes, index: int, path: str) -> bytes:
+    img = _pil_open(data, index, path)
+    try:
+        rgb = img.convert("RGB")
+    except Exception as e:  # noqa: BLE001
+        raise BadSampleError(index, path, f"PIL cannot decode it ({type(e).__name__}: {e})") from e
+    buf = io.BytesIO()
+    rgb.save(buf, format="BMP")
+    return buf.getvalue()
+
+
+def prepare(index: int, path: str) -> np.ndarray:
+    """The bytes to hand to DALI's decoder for sample ``index``, or BadSampleError."""
+    try:
+        data = read_file(path)
+    except OSError as e:
+        raise BadSampleError(index, path, f"cannot read it ({e.strerror or e})") from e
+    if not data:
+        raise BadSampleError(index, path, "empty file")
+    kind = sniff(data)
+    try:
+        if kind == "jpeg":
+            size = jpeg_size(data)
+            if size is None:
+                return _as_array(_pil_to_bmp(data, index, path))
+            Image._decompression_bomb_check(size)
+            if not _jpeg_complete(data):
+                # PIL raises "image file is truncated" unless LOAD_TRUNCATED_IMAGES; nvJPEG decodes
+                # silently and libjpeg-turbo raises: let PIL decide, and decode it if it agrees
+                return _as_array(_pil_to_bmp(data, index, path))
+            return _as_array(data)
+        if kind == "png":
+            w, h = struct.unpack(">II", data[16:24])
+            Image._decompression_bomb_check((w, h))
+            return _as_array(data)
+        if kind in ("bmp", "webp", "pnm", "jpeg2000"):
+            _pil_open(data, index, path)  # header only: size check, and a clear error for junk
+            return _as_array(data)
+        # 16-bit PNG (PIL clips to 8 bits, DALI scales), TIFF (modes DALI maps differently) and
+        # formats DALI has no decoder for (GIF, ICO, ...): PIL decodes, DALI gets a BMP
+        return _as_array(_pil_to_bmp(data, index, path))
+    except Image.DecompressionBombError as e:
+        raise BadSampleError(index, path, f"{e} (PIL.Image.MAX_IMAGE_PIXELS)") from e
+
+
+def _as_array(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8)

@@ -1,0 +1,164 @@
+"""Odd and bad files: odd images come out as torchvision's loader makes them; bad ones raise an
+error naming the file and sample index from the loop (or are skipped and reported); nothing is
+lost and no label moves."""
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image, ImageFile
+
+from gputransforms import BadSampleError, DataLoader, SkippedSamplesWarning, datasets
+from gputransforms import transforms as T
+
+from conftest import DEVICES, abs_diff_stats, make_photo_folder
+
+RAW = T.Compose([T.PILToTensor()])
+
+
+@pytest.fixture(scope="module")
+def odd_folder(tmp_path_factory):
+    return make_photo_folder(tmp_path_factory.mktemp("odd"), classes=1, per_class=2, seed=3, odd=True)
+
+
+# nvJPEG's IDCT/colour conversion differ from libjpeg-turbo's (see test_parity); PNG/BMP/TIFF/WEBP
+# and everything PIL decodes for DALI (16-bit PNG, truncated JPEGs) must be exact on both.
+ODD_TOL = {"cpu": 0.05, "gpu": 1.5}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_odd_images_decode_like_torchvision(odd_folder, device):
+    ds = datasets.ImageFolder(str(odd_folder), transform=RAW)
+    ref = torchvision.datasets.ImageFolder(str(odd_folder), transform=RAW)
+    names = [p.split("/")[-1] for p, _ in ds.samples]
+    assert {"cmyk.jpg", "gray16.png", "exif_rot90.jpg", "huge_6000x4000.jpg", "one_pixel.jpg", "upper.JPG",
+            "plain.webp", "palette.png"} <= set(names)
+    worst = {}
+    for i, (x, y) in enumerate(DataLoader(ds, batch_size=1, device=device)):
+        r = ref[i][0]
+        assert x[0].shape == r.shape, names[i]
+        stats = abs_diff_stats(x[0], r)
+        worst[names[i]] = round(stats["mean"], 3)
+        lossless = not names[i].lower().endswith((".jpg", ".jpeg"))
+        tol = 0.0 if lossless else ODD_TOL[device]
+        assert stats["mean"] <= tol, (names[i], stats)
+    print(f"\nodd files [{device}] mean |diff|: {worst}")
+
+
+def _bad_folder(tmp_path, photo_folder, kind):
+    """Three good photos per class in two classes, plus one bad file in class b."""
+    root = tmp_path / kind
+    photos = sorted(photo_folder.rglob("*.jpg"))
+    for c, start in (("a", 0), ("b", 3)):
+        (root / c).mkdir(parents=True)
+        for k, p in enumerate(photos[start:start + 3]):
+            shutil.copy(p, root / c / f"{k}.jpg")
+    bad = root / "b" / "1_bad.jpg"  # sorts between good files: batches before and after it
+    good = (root / "b" / "0.jpg").read_bytes()
+    if kind == "empty":
+        bad.write_bytes(b"")
+    elif kind == "garbage":
+        bad.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    elif kind == "not-an-image":
+        bad.write_text("this is a text file with an image extension\n")
+    elif kind == "truncated":
+        bad.write_bytes(good[: len(good) // 2])
+    elif kind in ("disappears", "unreadable"):
+        bad.write_bytes(good)
+    return root, bad
+
+
+def _break_after_listing(kind, bad):
+    if kind == "disappears":
+        bad.unlink()
+    elif kind == "unreadable":  # root can read any file: a directory where the file was cannot be read
+        bad.unlink()
+        bad.mkdir()
+
+
+BAD_KINDS = ["empty", "garbage", "not-an-image", "truncated", "disappears", "unreadable"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_bad_file_raises_naming_it(tmp_path, photo_folder, device, kind):
+    root, bad = _bad_folder(tmp_path, photo_folder, kind)
+    ds = datasets.ImageFolder(str(root), transform=T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    index = [p for p, _ in ds.samples].index(str(bad))
+    _break_after_listing(kind, bad)
+    loader = DataLoader(ds, batch_size=2, device=device)
+    seen = []
+    with pytest.raises(BadSampleError) as info:
+        for x, y in loader:
+            seen += y.tolist()
+    assert str(bad) in str(info.value) and f"sample {index}" in str(info.value)
+    assert info.value.index == index
+    assert len(seen) == index // 2 * 2, "the batches before the bad one arrive first"
+    # the loader is still usable: the next epoch raises the same way, it does not hang
+    with pytest.raises(BadSampleError):
+        list(loader)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_bad_file_skipped_and_reported(tmp_path, photo_folder, device, kind):
+    root, bad = _bad_folder(tmp_path, photo_folder, kind)
+    tf = T.Compose([T.Resize((32, 32)), T.ToTensor()])
+    ds = datasets.ImageFolder(str(root), transform=tf)
+    index = [p for p, _ in ds.samples].index(str(bad))
+    _break_after_listing(kind, bad)
+    loader = DataLoader(ds, batch_size=2, shuffle=True, device=device, on_error="skip")
+    for _ in range(2):
+        with pytest.warns(SkippedSamplesWarning, match=str(bad)):
+            batches = list(loader)
+        labels = torch.cat([y.cpu() for _, y in batches]).tolist()
+        images = torch.cat([x.cpu() for x, _ in batches])
+        assert [e.index for e in loader.skipped] == [index]
+        assert sorted(labels) == sorted(t for i, t in enumerate(ds.targets) if i != index)
+        # every image is the right one for its label: compare to torchvision per sample
+        ref = {tuple(tf(Image.open(p).convert("RGB")).flatten()[:64].tolist()): t
+               for i, (p, t) in enumerate(ds.samples) if i != index}
+        for img, lab in zip(images, labels):
+            key = min(ref, key=lambda k: (torch.tensor(k) - img.flatten()[:64]).abs().sum())
+            assert ref[key] == lab
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_truncated_jpeg_follows_pil_load_truncated_images(tmp_path, photo_folder, device, monkeypatch):
+    root, bad = _bad_folder(tmp_path, photo_folder, "truncated")
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    ds = datasets.ImageFolder(str(root), transform=RAW)
+    index = [p for p, _ in ds.samples].index(str(bad))
+    got = [x for x, _ in DataLoader(ds, batch_size=1, device=device)][index][0]
+    ref = RAW(Image.open(bad).convert("RGB"))
+    assert torch.equal(got.cpu(), ref), "decoded exactly as PIL decodes it (PIL decodes it for DALI)"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decompression_bomb_guard_is_pils(photo_folder, device, monkeypatch):
+    ds = datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((16, 16)), T.ToTensor()]))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # every photo is now "a bomb" for PIL too
+    with pytest.raises(Image.DecompressionBombError):
+        ds[0]
+    with pytest.raises(BadSampleError, match="MAX_IMAGE_PIXELS"):
+        next(iter(DataLoader(ds, batch_size=4, device=device)))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # PIL's way to switch it off
+    x, _ = next(iter(DataLoader(ds, batch_size=4, device=device)))
+    assert x.shape == (4, 3, 16, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_image_smaller_than_crop_raises_torchvisions_error(odd_folder, device):
+    tf = T.Compose([T.RandomCrop(64), T.ToTensor()])
+    ds = datasets.ImageFolder(str(odd_folder), transform=tf)
+    with pytest.raises(ValueError, match=r"Required crop size \(64, 64\) is larger than input image size") as info:
+        list(DataLoader(ds, batch_size=4, device=device))
+    assert "one_pixel.jpg" in str(info.value) or "tiny_7x5.jpg" in str(info.value) \
+        or "strip_4000x50.jpg" in str(info.value)
+    # pad_if_needed pads like torchvision
+    padded = T.Compose([T.RandomCrop(64, pad_if_needed=True), T.ToTensor()])
+    ds = datasets.ImageFolder(str(odd_folder), transform=padded)
+    x = torch.cat([x.cpu() for x, _ in DataLoader(ds, batch_size=4, device=device)])
+    assert x.shape == (len(ds), 3, 64, 64)
