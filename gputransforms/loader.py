@@ -13,6 +13,7 @@ import collections
 import itertools
 import os
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -237,7 +238,7 @@ class DataLoader:
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, self.num_threads)),
                                             thread_name_prefix="gputransforms-read")
         max_batch = self._torch.batch_size or max(len(b) for b in self._torch._index_sampler)
-        self._pipe = build_pipeline(self.plan, self._feed, device=self.device, batch_size=max_batch,
+        self._pipe = build_pipeline(self.plan, _weak_feed(self), device=self.device, batch_size=max_batch,
                                     num_threads=self.num_threads, seed=seed,
                                     prefetch_queue_depth=self.prefetch_queue_depth,
                                     hw_decoder_load=self.hw_decoder_load,
@@ -337,10 +338,34 @@ class DataLoader:
             warnings.warn(f"gputransforms: skipped {len(self.skipped)} sample(s) this epoch "
                           f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=2)
 
+    def close(self):
+        """Release the DALI pipeline and the reader threads now (also done when the loader is
+        garbage; a later iteration builds them again)."""
+        self._epoch = None
+        self._pipe = None
+        pool, self._pool = getattr(self, "_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def __del__(self):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _weak_feed(loader: DataLoader):
+    """The external_source callback without a strong reference to the loader: the pipeline would
+    otherwise keep its loader (and so itself, its threads and its device memory) alive in a cycle
+    until the cyclic garbage collector happens to run."""
+    ref = weakref.ref(loader)
+
+    def feed():
+        owner = ref()
+        if owner is None:
+            raise StopIteration
+        return owner._feed()
+
+    return feed
 
 
 def _to_torch(tensor_list):
@@ -363,6 +388,11 @@ def _named_error(err: Exception, indices, dataset) -> Exception:
     decode, else the sample on which torchvision's own run of the chain raises (an image smaller
     than RandomCrop's size, say), re-raised as torchvision's exception type with the file named."""
     samples = dataset.samples
+    text = str(err)
+    if "out of memory" in text.lower() or "cudaErrorMemoryAllocation" in text:
+        return MemoryError(f"gputransforms: the GPU ran out of memory on a batch of {len(indices)} images; reduce "
+                           "batch_size or prefetch_factor (batches prepared ahead), or resize earlier in the chain "
+                           f"(DALI: {text.strip().splitlines()[-1] if text.strip() else 'out of memory'})")
     for i in indices:
         path = samples[i][0]
         try:

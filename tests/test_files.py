@@ -162,3 +162,12 @@ def test_image_smaller_than_crop_raises_torchvisions_error(odd_folder, device):
     ds = datasets.ImageFolder(str(odd_folder), transform=padded)
     x = torch.cat([x.cpu() for x, _ in DataLoader(ds, batch_size=4, device=device)])
     assert x.shape == (len(ds), 3, 64, 64)
+
+
+def test_gpu_out_of_memory_says_what_to_reduce(indexed_folder):
+    from gputransforms.loader import _named_error
+
+    ds = datasets.ImageFolder(str(indexed_folder))
+    err = _named_error(RuntimeError("Critical error in pipeline:\nCUDA allocation failed: out of memory"), [0, 1], ds)
+    assert isinstance(err, MemoryError)
+    assert "batch_size" in str(err) and "prefetch_factor" in str(err) and "out of memory" in str(err)
