@@ -321,7 +321,7 @@ class DataLoader:
             images = _to_torch(out[0])
             pipe.schedule_run()
             if self.plan.tail:
-                images = persample.run_tail(images, self.plan.output, self.plan.tail).to(dev)
+                images = persample.run_tail(images, self.plan, dev)
             elif images.dtype != self.plan.out_dtype:
                 images = images.to(self.plan.out_dtype)
             if target_transform is None:

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 import torchvision
+from PIL import Image
 
 import gputransforms
 from gputransforms import DataLoader, FallbackWarning, datasets
@@ -134,18 +135,39 @@ def test_custom_collate_and_plain_dataset_use_torchvision_path(indexed_folder):
 
 
 def test_untransformable_tail_runs_per_sample_with_torchvision_meaning(photo_folder):
-    """A transform without a lowering (Grayscale) runs per sample on what the graph hands over:
-    a PIL image here, since it precedes ToTensor; results match torchvision's."""
+    """A transform without a DALI lowering (Grayscale) runs per sample after the graph with
+    torchvision's tensor kernel, on the device; results match torchvision's PIL path within the
+    tensor-vs-PIL difference of torchvision itself (its uint8 grayscale truncates, PIL rounds:
+    ~0.5 in 0-255 units)."""
     make = lambda: T.Compose([T.Resize(64), T.CenterCrop(64), T.Grayscale(num_output_channels=3), T.ToTensor()])
     ds = datasets.ImageFolder(str(photo_folder), transform=make())
     with pytest.warns(FallbackWarning, match="Grayscale"):
         loader = DataLoader(ds, batch_size=16, device="cpu")
+    assert loader.plan.tail_mode == "tensor"
     text = loader.explain()
     assert "per sample with torchvision" in text and "Grayscale" in text and "crop_mirror_normalize" in text
     got = torch.cat([x for x, _ in loader])
     ref_ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=make())
     ref = torch.stack([ref_ds[i][0] for i in range(len(ref_ds))])
-    assert ((got - ref).abs() * 255).mean() < 0.5
+    assert got.dtype == ref.dtype == torch.float32
+    assert ((got - ref).abs() * 255).mean() < 1.0
+
+
+def test_callable_before_to_tensor_receives_a_pil_image(photo_folder):
+    seen = []
+
+    def probe(img):
+        seen.append(type(img))
+        return img.convert("L").convert("RGB")  # PIL-only code, as users write it
+
+    tf = T.Compose([T.Resize((32, 32)), T.Lambda(probe), T.ToTensor()])
+    ds = datasets.ImageFolder(str(photo_folder), transform=tf)
+    with pytest.warns(FallbackWarning):
+        loader = DataLoader(ds, batch_size=4, device="cpu")
+    assert loader.plan.tail_mode == "pil"
+    x, _ = next(iter(loader))
+    assert all(issubclass(t, Image.Image) for t in seen) and x.shape == (4, 3, 32, 32)
+    torch.testing.assert_close(x[:, 0], x[:, 1])
 
 
 def test_lambda_after_to_tensor_receives_a_tensor(photo_folder):

@@ -51,6 +51,9 @@ class Plan:
     output: str  # "tensor" (CHW) or "image" (HWC uint8, what PIL would hold)
     out_dtype: torch.dtype
     compiled: bool  # False: the graph would only decode; the whole chain runs with torchvision
+    # "tensor": the tail runs torchvision's tensor kernels on each sample where the batch is (the
+    # GPU); "pil": it starts on PIL images, because a callable in it expects one
+    tail_mode: str = "pil"
 
     def explain(self, device: str = "cpu") -> str:
         lines = []
@@ -73,7 +76,9 @@ class Plan:
                 text += f"  [{s.note}]"
             lines.append(text)
         if self.tail:
-            lines.append("per sample with torchvision (slow path):")
+            where = (f"on {device} tensors, torchvision's tensor kernels" if self.tail_mode == "tensor"
+                     else "on PIL images")
+            lines.append(f"per sample with torchvision ({where}; slower than the graph):")
             lines.append(f"  reason: {self.tail_reason}")
             for t in self.tail:
                 lines.append(f"  torchvision  {_short(t)}")
@@ -191,6 +196,42 @@ LOWERINGS: dict = {
 }
 
 
+#: torchvision v1 transforms whose tensor kernels mean what their PIL kernels mean (torchvision
+#: tests the two against each other); every v2 transform is, but the ones listed in _NOT_TENSOR.
+TENSOR_CAPABLE_V1 = (
+    tv1.ColorJitter, tv1.Grayscale, tv1.RandomGrayscale, tv1.GaussianBlur, tv1.RandomRotation, tv1.RandomAffine,
+    tv1.RandomPerspective, tv1.Pad, tv1.RandomErasing, tv1.RandomInvert, tv1.RandomPosterize, tv1.RandomSolarize,
+    tv1.RandomAdjustSharpness, tv1.RandomAutocontrast, tv1.RandomEqualize, tv1.AutoAugment, tv1.RandAugment,
+    tv1.TrivialAugmentWide, tv1.AugMix, tv1.Resize, tv1.CenterCrop, tv1.RandomCrop, tv1.RandomResizedCrop,
+    tv1.RandomHorizontalFlip, tv1.RandomVerticalFlip, tv1.Normalize, tv1.ConvertImageDtype, tv1.LinearTransformation,
+    tv1.ElasticTransform,
+)
+_NOT_TENSOR = (tv2.ToPILImage, tv2.Lambda, tv2.FiveCrop, tv2.TenCrop)
+_CONTAINERS = (tv1.RandomApply, tv1.RandomChoice, tv1.RandomOrder, tv1.Compose, tv2.RandomApply, tv2.RandomChoice,
+               tv2.RandomOrder, tv2.Compose)
+#: the conversions that end the PIL part of a chain
+TO_TENSOR = (tv1.ToTensor, tv2.ToTensor, tv1.PILToTensor, tv2.PILToTensor, tv2.ToImage)
+
+
+def tensor_capable(t) -> bool:
+    if isinstance(t, _CONTAINERS):
+        return all(tensor_capable(c) for c in t.transforms)
+    if isinstance(t, tv2.Transform):
+        return not isinstance(t, _NOT_TENSOR)
+    return isinstance(t, TENSOR_CAPABLE_V1)
+
+
+def choose_tail_mode(tail: list, image_state: bool) -> str:
+    """Tensor kernels on the device, unless a callable would receive a stand-in tensor where
+    torchvision hands it a PIL image (before ToTensor)."""
+    for t in tail:
+        if image_state and isinstance(t, TO_TENSOR):
+            image_state = False
+        elif image_state and not tensor_capable(t):
+            return "pil"
+    return "tensor"
+
+
 def lower_transform(t) -> Op:
     for cls in type(t).__mro__:
         fn = LOWERINGS.get(cls)
@@ -207,9 +248,17 @@ def flatten(transform) -> list:
         for t in transform.transforms:
             out.extend(flatten(t))
         return out
-    if isinstance(transform, tv2.Identity):
-        return []
+    if isinstance(transform, (tv2.Identity, tv2.ToPureTensor)):
+        return []  # ToPureTensor only unwraps tv_tensors: our batches are plain tensors already
+    if type(transform).__name__ in PRESET_WRAPPERS and isinstance(getattr(transform, "transforms", None),
+                                                                  (tv1.Compose, tv2.Compose)):
+        return flatten(transform.transforms)
     return [transform]
+
+
+#: torchvision's classification references wrap a Compose in a class whose __call__ is
+#: ``self.transforms(img)`` (references/classification/presets.py); users copy those classes.
+PRESET_WRAPPERS = {"ClassificationPresetTrain", "ClassificationPresetEval"}
 
 
 # --- 2. planning and fusion ---------------------------------------------------------------------
@@ -311,8 +360,8 @@ class _Planner:
                 self.flush()
                 self.steps.append(Step("flip", dict(op.args), [op.source]))
 
-    def finish(self):
-        args: dict[str, Any] = dict(layout="CHW" if self.tensor else "HWC",
+    def finish(self, chw: bool = False):
+        args: dict[str, Any] = dict(layout="CHW" if self.tensor or chw else "HWC",
                                     dtype=self.dtype if self.tensor else torch.uint8)
         # crop_mirror_normalize computes (x - mean) / std from raw values
         args["mean"] = [-b / a for a, b in zip(self.scale, self.shift)]
@@ -362,16 +411,16 @@ def plan(transform) -> Plan:
         except NotLowerable as e:
             tail, reason = transforms[j:], str(e)
             break
-    planner.finish()
+    tail_mode = choose_tail_mode(tail, image_state=not planner.tensor) if tail else "pil"
+    planner.finish(chw=tail_mode == "tensor")
     steps = planner.steps
-    compiled = not (tail and len(steps) == 2 and not decode.args and steps[-1].args["layout"] == "HWC"
-                    and "crop" not in steps[-1].args and "mirror_p" not in steps[-1].args)
+    compiled = len(tail) < len(transforms) or not transforms  # else the graph would only decode
     if not compiled:
         return Plan(steps=[], tail=transforms, tail_reason=reason, output="image", out_dtype=torch.uint8,
                     compiled=False)
     last = steps[-1].args
     return Plan(steps=steps, tail=tail, tail_reason=reason, output="tensor" if last["layout"] == "CHW" else "image",
-                out_dtype=last["dtype"], compiled=True)
+                out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode)
 
 
 def explain(transform, device: Optional[str] = None) -> str:
