@@ -218,6 +218,8 @@ def tensor_capable(t) -> bool:
         return all(tensor_capable(c) for c in t.transforms)
     if isinstance(t, tv2.Transform):
         return not isinstance(t, _NOT_TENSOR)
+    if isinstance(t, tv1.Pad) and not isinstance(t.fill, (int, float)):
+        return False  # v1's tensor pad takes one number as fill; PIL's takes a colour
     return isinstance(t, TENSOR_CAPABLE_V1)
 
 

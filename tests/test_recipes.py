@@ -1,0 +1,177 @@
+"""Every transform a training recipe uses, through gputransforms, against torchvision.
+
+Transforms without a DALI lowering run per sample with torchvision's own tensor kernels on the
+device (same parameter sampling by construction: it is torchvision's code). Deterministic ones are
+compared numerically with torchvision's PIL path; the tolerance is torchvision's own tensor-vs-PIL
+difference, measured here (mean |diff| in 0-255 units, after a Resize whose rounding adds ~0.1).
+Random ones are compared by the distribution of a per-image statistic (two-sample KS, p > 1e-3).
+"""
+import numpy as np
+import pytest
+import torch
+import torchvision
+from scipy.stats import ks_2samp
+from torchvision.transforms import v2
+
+from gputransforms import DataLoader, FallbackWarning, datasets, plan
+from gputransforms import transforms as T
+
+from conftest import DEVICES
+from presets import ClassificationPresetEval, ClassificationPresetTrain
+
+BASE = [T.Resize((96, 96))]
+
+DETERMINISTIC = {
+    # name: (transform, max mean |diff|, why)
+    "ColorJitter brightness": (T.ColorJitter(brightness=(1.4, 1.4)), 0.3, "float vs uint8 blend rounding"),
+    "ColorJitter contrast": (T.ColorJitter(contrast=(0.7, 0.7)), 0.4, "tensor mean gray is float, PIL's rounded"),
+    "ColorJitter saturation": (T.ColorJitter(saturation=(1.3, 1.3)), 0.4, "grayscale rounding"),
+    "ColorJitter hue": (T.ColorJitter(hue=(0.05, 0.05)), 1.2, "PIL shifts hue in uint8 HSV, tensors in float"),
+    "Grayscale": (T.Grayscale(3), 0.8, "tensor grayscale truncates, PIL rounds"),
+    "RandomGrayscale p=1": (T.RandomGrayscale(p=1.0), 0.8, "as Grayscale"),
+    "GaussianBlur fixed sigma": (T.GaussianBlur(5, sigma=(1.5, 1.5)), 0.3, "separable float kernel vs PIL's"),
+    "RandomRotation fixed angle": (T.RandomRotation((30, 30)), 0.3, "nearest sampling at pixel centres"),
+    "RandomAffine fixed": (T.RandomAffine(degrees=(10, 10), scale=(1.1, 1.1), shear=(5, 5, 5, 5)), 0.3, "as rotation"),
+    "Pad constant": (T.Pad(4, fill=(10, 20, 30)), 0.2, "exact (PIL path: colour fill)"),
+    "Pad reflect": (T.Pad((3, 5), padding_mode="reflect"), 0.2, "exact"),
+    "RandomInvert p=1": (T.RandomInvert(p=1), 0.2, "exact"),
+    "RandomPosterize p=1": (T.RandomPosterize(4, p=1), 0.2, "exact"),
+    "RandomSolarize p=1": (T.RandomSolarize(128, p=1), 0.2, "exact"),
+    "RandomAdjustSharpness p=1": (T.RandomAdjustSharpness(2, p=1), 0.4, "float blend"),
+    "RandomAutocontrast p=1": (T.RandomAutocontrast(p=1), 0.4, "float scale"),
+    "RandomEqualize p=1": (T.RandomEqualize(p=1), 1.5, "torchvision's tensor equalize bins differ from PIL's"),
+    "v2 RandomEqualize p=1": (v2.RandomEqualize(p=1), 1.5, "as v1"),
+    "ConvertImageDtype after PILToTensor": (T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float)]), 0.2,
+                                            "exact"),
+}
+
+
+def ours(root, tf, device, epochs=1):
+    loader = DataLoader(datasets.ImageFolder(str(root), transform=tf), batch_size=16, shuffle=False, device=device,
+                        num_workers=2)
+    return torch.cat([x.cpu() for _ in range(epochs) for x, _ in loader])
+
+
+def theirs(root, tf, epochs=1):
+    ds = torchvision.datasets.ImageFolder(str(root), transform=tf)
+    return torch.stack([ds[i][0] for _ in range(epochs) for i in range(len(ds))])
+
+
+def to_255(x):
+    return x.double() * (255 if x.is_floating_point() else 1)
+
+
+@pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(DETERMINISTIC))
+def test_deterministic_transform_matches_torchvision(photo_folder, device, name):
+    t, tol, why = DETERMINISTIC[name]
+    tf = T.Compose(BASE + [t] + ([] if "ConvertImageDtype" in name else [T.ToTensor()]))
+    got, ref = ours(photo_folder, tf, device), theirs(photo_folder, tf)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    d = (to_255(got) - to_255(ref)).abs().mean().item()
+    print(f"\n{name} [{device}]: mean |diff| {d:.3f} (tolerance {tol}: {why})")
+    assert d <= tol
+
+
+def per_image_change(aug, base):
+    return (to_255(aug) - to_255(base)).abs().flatten(1).mean(1).numpy()
+
+
+RANDOM = {
+    "ColorJitter (random factors, random order)": T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+    "GaussianBlur (random sigma)": T.GaussianBlur(7, sigma=(0.1, 3.0)),
+    "RandomRotation": T.RandomRotation(30),
+    "RandomAffine": T.RandomAffine(15, translate=(0.1, 0.1), scale=(0.8, 1.2), shear=10),
+    "RandomPerspective": T.RandomPerspective(0.4, p=0.7),
+    "RandomApply p=0.3": T.RandomApply([T.ColorJitter(brightness=(1.6, 1.6))], p=0.3),
+    "RandomChoice": T.RandomChoice([T.RandomInvert(p=1), T.Grayscale(3), T.RandomSolarize(100, p=1)], p=[0.2, 0.5, 0.3]),
+    "RandomOrder": T.RandomOrder([T.ColorJitter(brightness=(1.5, 1.5)), T.RandomInvert(p=1)]),
+    "RandomPosterize p=0.5": T.RandomPosterize(3, p=0.5),
+    "RandomSolarize p=0.5": T.RandomSolarize(128, p=0.5),
+    "RandomAdjustSharpness p=0.5": T.RandomAdjustSharpness(3, p=0.5),
+    "RandomAutocontrast p=0.5": T.RandomAutocontrast(p=0.5),
+    "RandomEqualize p=0.5": T.RandomEqualize(p=0.5),
+    "AutoAugment imagenet": T.AutoAugment(T.AutoAugmentPolicy.IMAGENET),
+    "AutoAugment cifar10": T.AutoAugment(T.AutoAugmentPolicy.CIFAR10),
+    "AutoAugment svhn": T.AutoAugment(T.AutoAugmentPolicy.SVHN),
+    "RandAugment": T.RandAugment(),
+    "TrivialAugmentWide": T.TrivialAugmentWide(),
+    "AugMix": T.AugMix(),
+    "v2 TrivialAugmentWide": v2.TrivialAugmentWide(),
+}
+
+
+@pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(RANDOM))
+def test_random_transform_distribution_matches_torchvision(photo_folder, device, name):
+    base_tf = T.Compose(BASE + [T.PILToTensor()])
+    tf = T.Compose(BASE + [RANDOM[name], T.PILToTensor()])
+    epochs = 5
+    # each side against its own un-augmented images, so that identity draws measure 0 on both
+    our_base = ours(photo_folder, base_tf, device).repeat(epochs, 1, 1, 1)
+    their_base = theirs(photo_folder, base_tf).repeat(epochs, 1, 1, 1)
+    torch.manual_seed(0)
+    got = per_image_change(ours(photo_folder, tf, device, epochs), our_base)
+    torch.manual_seed(1)
+    ref = per_image_change(theirs(photo_folder, tf, epochs), their_base)
+    p = ks_2samp(got, ref).pvalue
+    print(f"\n{name} [{device}]: per-image change ours {got.mean():.2f} torchvision {ref.mean():.2f}, KS p={p:.3f}")
+    assert p > 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_erasing_after_normalize(photo_folder, device):
+    tf = T.Compose(BASE + [T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3), T.RandomErasing(p=0.6, value=0)])
+    epochs = 5
+    torch.manual_seed(0)
+    got = ours(photo_folder, tf, device, epochs)
+    ref = theirs(photo_folder, tf, epochs)
+    erased = lambda x: (x == 0).all(1).flatten(1).float().mean(1).numpy()  # share of erased pixels
+    g, r = erased(got), erased(ref)
+    assert abs((g > 0).mean() - 0.6) < 4 * (0.24 / len(g)) ** 0.5
+    assert ks_2samp(g, r).pvalue > 1e-3
+
+
+PRESETS = [dict(auto_augment_policy=p, random_erase_prob=e) for p, e in
+           [(None, 0.0), ("ta_wide", 0.1), ("ra", 0.0), ("augmix", 0.0), ("imagenet", 0.0), ("cifar10", 0.0),
+            ("svhn", 0.25)]]
+
+
+@pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_v2", [False, True], ids=["v1", "v2"])
+@pytest.mark.parametrize("kw", PRESETS, ids=lambda kw: f"{kw['auto_augment_policy']}-erase{kw['random_erase_prob']}")
+def test_classification_reference_presets(photo_folder, device, use_v2, kw):
+    preset = ClassificationPresetTrain(crop_size=64, use_v2=use_v2, **kw)
+    p = plan(preset)
+    # the fast path takes everything that has a lowering: RRC fused into decode, flip in the final op
+    assert p.steps[0].args.get("random_crop") and p.steps[-1].args.get("mirror_p") == 0.5
+    if kw["auto_augment_policy"] is None and not kw["random_erase_prob"]:
+        assert not p.tail
+    else:
+        assert p.tail_mode == "tensor"
+    loader = DataLoader(datasets.ImageFolder(str(photo_folder), transform=preset), batch_size=16, shuffle=True,
+                        device=device)
+    x, y = next(iter(loader))
+    assert x.shape == (16, 3, 64, 64) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert x.device.type == ("cuda" if device == "gpu" else "cpu")
+    # normalised like the reference: every value inside what Normalize can produce from [0, 1]
+    mean, std = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    x = x.cpu()
+    assert ((x >= -mean / std - 1e-4) & (x <= (1 - mean) / std + 1e-4)).all()
+    assert x.std() > 0.3, "not a constant batch"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_v2", [False, True], ids=["v1", "v2"])
+def test_eval_preset_fully_compiled_and_matches(photo_folder, device, use_v2):
+    preset = ClassificationPresetEval(crop_size=224, use_v2=use_v2)
+    p = plan(preset)
+    assert not p.tail and [s.op for s in p.steps] == ["decode", "resize", "crop_mirror_normalize"]
+    got = torch.cat([x.cpu() for x, _ in DataLoader(datasets.ImageFolder(str(photo_folder), transform=preset),
+                                                    batch_size=16, device=device)])
+    ref = theirs(photo_folder, preset)
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    assert ((got - ref).abs() * std * 255).mean() < (0.3 if device == "cpu" else 1.0)
