@@ -43,7 +43,16 @@ def eval_tf(T):
     return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
-CHAINS = {"train": train_tf, "eval": eval_tf}
+def ta_wide_tf(T):
+    """torchvision's classification reference train preset with TrivialAugmentWide and RandomErasing
+    (references/classification/presets.py: auto_augment_policy="ta_wide", random_erase_prob=0.1)."""
+    import torchvision.transforms as tv
+
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), tv.TrivialAugmentWide(), T.PILToTensor(),
+                      T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), tv.RandomErasing(p=0.1)])
+
+
+CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf}
 
 
 def _gpu() -> bool:
@@ -148,7 +157,7 @@ def run_torchvision(root, chain, batch_size, workers):
 
     def make():
         ds = torchvision.datasets.ImageFolder(root, transform=CHAINS[chain](T))
-        dl = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=chain == "train", num_workers=workers,
+        dl = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=workers,
                                          pin_memory=_gpu(), persistent_workers=workers > 0,
                                          prefetch_factor=4 if workers else None)
         return _Moved(dl, dev)
@@ -172,16 +181,20 @@ def run_dali_handwritten(root, chain, batch_size, threads):
     gpu = _gpu()
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1,
-                  prefetch_queue_depth=2)
+                  prefetch_queue_depth=2, enable_conditionals=chain == "ta_wide")
     def pipe():
-        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain == "train", name="reader")
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain != "eval", name="reader")
         dev = "mixed" if gpu else "cpu"
         kw = dict(hw_decoder_load=0.9) if gpu else {}
-        if chain == "train":
+        if chain != "eval":
             images = fn.decoders.image_random_crop(jpegs, device=dev, output_type=types.RGB, **kw)
             images = fn.resize(images, resize_x=224, resize_y=224)
             mirror = fn.random.coin_flip()
             crop = {}
+            if chain == "ta_wide":  # DALI's own TrivialAugmentWide (its ops, not torchvision's)
+                from nvidia.dali.auto_aug.trivial_augment import trivial_augment_wide
+
+                images = trivial_augment_wide(images, fill_value=0)
         else:
             images = fn.decoders.image(jpegs, device=dev, output_type=types.RGB, **kw)
             images = fn.resize(images, resize_shorter=256)
@@ -239,7 +252,7 @@ def run_gputransforms(root, chain, batch_size, threads, **loader_kwargs):
 
     def make():
         ds = datasets.ImageFolder(root, transform=CHAINS[chain](T))
-        return DataLoader(ds, batch_size=batch_size, shuffle=chain == "train", num_workers=threads, **loader_kwargs)
+        return DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=threads, **loader_kwargs)
 
     return make
 
@@ -247,14 +260,14 @@ def run_gputransforms(root, chain, batch_size, threads, **loader_kwargs):
 # --- report -------------------------------------------------------------------------------------
 
 def table(rows) -> str:
-    head = f"{'chain':6} {'pipeline':24} {'img/s':>9} {'x tv':>6} {'x dali':>7} {'1st batch s':>11} {'GPU MiB':>8} " \
+    head = f"{'chain':12} {'pipeline':24} {'img/s':>9} {'x tv':>6} {'x dali':>7} {'1st batch s':>11} {'GPU MiB':>8} " \
            f"{'RSS MiB':>8}"  # GPU MiB: peak device-wide use above the level before; RSS: process peak
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['chain']:6} {r['pipeline']:24} {'n/a':>9}  ({r['error'][:70]})")
+            lines.append(f"{r['chain']:12} {r['pipeline']:24} {'n/a':>9}  ({r['error'][:70]})")
             continue
-        lines.append(f"{r['chain']:6} {r['pipeline']:24} {r['img_s']:9.0f} {r.get('x_torchvision', 0):6.2f} "
+        lines.append(f"{r['chain']:12} {r['pipeline']:24} {r['img_s']:9.0f} {r.get('x_torchvision', 0):6.2f} "
                      f"{r.get('x_dali', 0):7.2f} {r['ttfb_s']:11.2f} {r['gpu_mem_mb']:8.0f} {r['rss_mb']:8.0f}")
     return "\n".join(lines)
 
@@ -315,6 +328,8 @@ def main(argv=None):
     ap.add_argument("--images", type=int, default=0, help="images timed per pipeline (default: 2 epochs, "
                                                            "1 for torchvision)")
     ap.add_argument("--scaling", action="store_true", help="also gputransforms throughput vs batch size")
+    ap.add_argument("--large", type=int, default=0, metavar="N",
+                    help="also time the train chain on N 2000-px photos (written next to ROOT)")
     ap.add_argument("--out", default="bench-out")
     a = ap.parse_args(argv)
     if a.make_data:
@@ -356,6 +371,30 @@ def main(argv=None):
                 print(f"  scaling batch {bs}: {r['img_s']:.0f} img/s, GPU {r['gpu_mem_mb']:.0f} MiB", flush=True)
             except Exception as e:  # noqa: BLE001
                 scaling.append(dict(batch_size=bs, error=str(e).splitlines()[0]))
+    large = []
+    if a.large:
+        from gputransforms.demo import make_sample_folder
+
+        big_root = a.root.rstrip("/") + "-2000px"
+        if not Path(big_root).exists():
+            make_sample_folder(big_root, a.large, classes=4, long_side=2000, jobs=os.cpu_count() or 1)
+        for name in ("torchvision", "dali-handwritten", "gputransforms"):
+            threads = a.workers if name == "torchvision" else a.threads
+            row = dict(chain="train-2000px", pipeline=name)
+            try:
+                row.update(timed(PIPELINES[name](big_root, "train", a.batch_size, threads), 2 * a.large))
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            row["rss_mb"] = _rss_peak_mb()
+            large.append(row)
+            print(f"  2000px {name}: {row.get('img_s', float('nan')):.0f} img/s", flush=True)
+        base = {r["pipeline"]: r.get("img_s") for r in large}
+        for r in large:
+            if "img_s" in r and base.get("torchvision"):
+                r["x_torchvision"] = r["img_s"] / base["torchvision"]
+            if "img_s" in r and base.get("dali-handwritten"):
+                r["x_dali"] = r["img_s"] / base["dali-handwritten"]
+        rows += large
     info = dict(device=torch.cuda.get_device_name() if _gpu() else "cpu", cores=os.cpu_count(), files=n_files,
                 torch=torch.__version__, torchvision=torchvision.__version__, batch_size=a.batch_size,
                 torchvision_workers=a.workers, dali_threads=a.threads)
@@ -369,6 +408,10 @@ def main(argv=None):
     bar_chart(rows, out / "loader.png")
     print(json.dumps(info))
     print(table(rows))
+    if scaling:
+        print("gputransforms train chain vs batch size: " + ", ".join(
+            f"{r['batch_size']}: {r['img_s']:.0f} img/s {r['gpu_mem_mb']:.0f} MiB" if "img_s" in r
+            else f"{r['batch_size']}: {r['error']}" for r in scaling))
     return rows
 
 

@@ -10,6 +10,7 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -18,8 +19,8 @@ from PIL import Image, ImageDraw, ImageFilter
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
-def _scene(rng: np.random.Generator) -> Image.Image:
-    long_side = int(rng.choice([500, 500, 500, rng.integers(300, 1000)]))
+def _scene(rng: np.random.Generator, long_side: Optional[int] = None) -> Image.Image:
+    long_side = long_side or int(rng.choice([500, 500, 500, rng.integers(300, 1000)]))
     short_side = int(long_side / rng.choice([4 / 3, 4 / 3, 1.0, 3 / 2]))
     w, h = (long_side, short_side) if rng.random() < 0.75 else (short_side, long_side)
     top, bottom = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
@@ -36,16 +37,29 @@ def _scene(rng: np.random.Generator) -> Image.Image:
     return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
 
 
-def make_sample_folder(root, n: int = 600, classes: int = 4, seed: int = 0) -> Path:
-    """Write ``n`` JPEGs in ``classes`` class folders under ``root`` (deterministic for a seed)."""
-    root = Path(root)
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        d = root / f"class_{i % classes:02d}"
-        d.mkdir(parents=True, exist_ok=True)
-        _scene(rng).save(d / f"img_{i:05d}.jpg", quality=int(rng.integers(75, 96)),
-                         subsampling=0 if rng.random() < 0.15 else 2)
-    return root
+def _write_one(job):
+    root, i, classes, seed, long_side = job
+    rng = np.random.default_rng([seed, i])  # the same files whatever the number of processes
+    d = Path(root) / f"class_{i % classes:02d}"
+    d.mkdir(parents=True, exist_ok=True)
+    _scene(rng, long_side).save(d / f"img_{i:05d}.jpg", quality=int(rng.integers(75, 96)),
+                                subsampling=0 if rng.random() < 0.15 else 2)
+
+
+def make_sample_folder(root, n: int = 600, classes: int = 4, seed: int = 0, long_side: Optional[int] = None,
+                       jobs: int = 1) -> Path:
+    """Write ``n`` JPEGs in ``classes`` class folders under ``root`` (deterministic for a seed);
+    ``long_side`` fixes the longer side (e.g. 2000 for camera-sized photos)."""
+    work = [(str(root), i, classes, seed, long_side) for i in range(n)]
+    if jobs > 1:
+        import multiprocessing as mp
+
+        with mp.Pool(jobs) as pool:
+            pool.map(_write_one, work, chunksize=16)
+    else:
+        for job in work:
+            _write_one(job)
+    return Path(root)
 
 
 def _throughput(loader, epochs: int = 2) -> float:

@@ -1,0 +1,24 @@
+"""The benchmark runs end to end on a tiny folder (timings are not checked: they belong to
+benchmarks, not tests), so it cannot rot."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_loader_benchmark_runs(indexed_folder, tmp_path):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "benchmarks.loader", str(indexed_folder), "--batch-size", "8", "--images", "16",
+           "--workers", "1", "--threads", "1", "--chains", "train,eval",
+           "--pipelines", "torchvision,dali-handwritten,gputransforms", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "loader.json").read_text())
+    rows = {(r["chain"], r["pipeline"]): r for r in report["rows"]}
+    assert set(rows) == {(c, p) for c in ("train", "eval") for p in ("torchvision", "dali-handwritten", "gputransforms")}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["ttfb_s"] > 0 and r["shape"][1:] == [3, 224, 224]
+    assert (out / "loader.png").stat().st_size > 1000
+    assert "gputransforms" in res.stdout and "img/s" in res.stdout
