@@ -9,7 +9,8 @@ So each file is sniffed here, in the reader threads, from its first bytes:
 - image sizes go through PIL's own decompression-bomb check (``Image.MAX_IMAGE_PIXELS``);
 - a JPEG that does not end with its EOI marker is checked by PIL: an error like PIL's, or, when the
   user enabled ``ImageFile.LOAD_TRUNCATED_IMAGES``, PIL's decode of it;
-- what DALI would decode differently from PIL (16-bit PNG/TIFF, formats DALI lacks such as GIF) is
+- what DALI would decode differently from PIL (CMYK JPEG, 16-bit PNG, TIFF, formats DALI lacks such
+  as GIF) is
   decoded by PIL here and handed to DALI as an uncompressed BMP, which every DALI backend decodes
   exactly.
 
@@ -54,8 +55,8 @@ def read_file(path: str) -> bytes:
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
-def jpeg_size(data: bytes) -> Optional[tuple[int, int]]:
-    """(width, height) from a JPEG's SOF marker, or None if the header is malformed."""
+def jpeg_header(data: bytes) -> Optional[tuple[int, int, int]]:
+    """(width, height, components) from a JPEG's SOF marker, or None if the header is malformed."""
     i, n = 2, len(data)
     while i + 9 < n:
         if data[i] != 0xFF:
@@ -66,7 +67,7 @@ def jpeg_size(data: bytes) -> Optional[tuple[int, int]]:
             continue
         if marker in _SOF:
             h, w = struct.unpack(">HH", data[i + 5:i + 9])
-            return (w, h)
+            return (w, h, data[i + 9])
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
             i += 2
             continue
@@ -130,10 +131,11 @@ def prepare(index: int, path: str) -> np.ndarray:
     kind = sniff(data)
     try:
         if kind == "jpeg":
-            size = jpeg_size(data)
-            if size is None:
+            header = jpeg_header(data)
+            if header is None or header[2] == 4:
+                # CMYK/YCCK: nvJPEG's conversion to RGB is not PIL's; rare enough to hand to PIL
                 return _as_array(_pil_to_bmp(data, index, path))
-            Image._decompression_bomb_check(size)
+            Image._decompression_bomb_check(header[:2])
             if not _jpeg_complete(data):
                 # PIL raises "image file is truncated" unless LOAD_TRUNCATED_IMAGES; nvJPEG decodes
                 # silently and libjpeg-turbo raises: let PIL decide, and decode it if it agrees

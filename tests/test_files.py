@@ -35,16 +35,19 @@ def test_odd_images_decode_like_torchvision(odd_folder, device):
     names = [p.split("/")[-1] for p, _ in ds.samples]
     assert {"cmyk.jpg", "gray16.png", "exif_rot90.jpg", "huge_6000x4000.jpg", "one_pixel.jpg", "upper.JPG",
             "plain.webp", "palette.png"} <= set(names)
-    worst = {}
+    worst, bad = {}, []
     for i, (x, y) in enumerate(DataLoader(ds, batch_size=1, device=device)):
         r = ref[i][0]
-        assert x[0].shape == r.shape, names[i]
+        if x[0].shape != r.shape:
+            bad.append((names[i], tuple(x[0].shape), tuple(r.shape)))
+            continue
         stats = abs_diff_stats(x[0], r)
         worst[names[i]] = round(stats["mean"], 3)
-        lossless = not names[i].lower().endswith((".jpg", ".jpeg"))
-        tol = 0.0 if lossless else ODD_TOL[device]
-        assert stats["mean"] <= tol, (names[i], stats)
+        lossless = not names[i].lower().endswith((".jpg", ".jpeg")) or names[i] == "cmyk.jpg"  # PIL-decoded
+        if stats["mean"] > (0.0 if lossless else ODD_TOL[device]):
+            bad.append((names[i], stats))
     print(f"\nodd files [{device}] mean |diff|: {worst}")
+    assert not bad, bad
 
 
 def _bad_folder(tmp_path, photo_folder, kind):
