@@ -120,8 +120,15 @@ def _pil_to_bmp(data: bytes, index: int, path: str) -> bytes:
     return buf.getvalue()
 
 
-def prepare(index: int, path: str) -> np.ndarray:
-    """The bytes to hand to DALI's decoder for sample ``index``, or BadSampleError."""
+#: On the GPU, nvJPEG's chroma upsampling differs from libjpeg-turbo's most at image borders; on a
+#: JPEG with a side under this many pixels borders are most of the image (a 7x5 JPEG: 5 in 0-255
+#: units, a 4000x50 strip: 1.8), and PIL decodes such a file in microseconds.
+SMALL_JPEG_SIDE = 64
+
+
+def prepare(index: int, path: str, *, small_jpegs_via_pil: bool = False) -> np.ndarray:
+    """The bytes to hand to DALI's decoder for sample ``index``, or BadSampleError.
+    ``small_jpegs_via_pil``: decode JPEGs with a side under SMALL_JPEG_SIDE with PIL (GPU decoding)."""
     try:
         data = read_file(path)
     except OSError as e:
@@ -132,7 +139,7 @@ def prepare(index: int, path: str) -> np.ndarray:
     try:
         if kind == "jpeg":
             header = jpeg_header(data)
-            if header is None or header[2] == 4:
+            if header is None or header[2] == 4 or (small_jpegs_via_pil and min(header[:2]) < SMALL_JPEG_SIDE):
                 # CMYK/YCCK: nvJPEG's conversion to RGB is not PIL's; rare enough to hand to PIL
                 return _as_array(_pil_to_bmp(data, index, path))
             Image._decompression_bomb_check(header[:2])

@@ -25,7 +25,7 @@ def odd_folder(tmp_path_factory):
 
 # nvJPEG's IDCT/colour conversion differ from libjpeg-turbo's (see test_parity); PNG/BMP/TIFF/WEBP
 # and everything PIL decodes for DALI (16-bit PNG, truncated JPEGs) must be exact on both.
-ODD_TOL = {"cpu": 0.05, "gpu": 1.5}
+ODD_TOL = {"cpu": 0.05, "gpu": 1.0}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -43,7 +43,10 @@ def test_odd_images_decode_like_torchvision(odd_folder, device):
             continue
         stats = abs_diff_stats(x[0], r)
         worst[names[i]] = round(stats["mean"], 3)
-        lossless = not names[i].lower().endswith((".jpg", ".jpeg")) or names[i] == "cmyk.jpg"  # PIL-decoded
+        # PIL decodes CMYK JPEGs for DALI, and on the GPU JPEGs with a side under 64 px
+        pil_decoded = names[i] in ("cmyk.jpg",) + (("tiny_7x5.jpg", "one_pixel.jpg", "strip_4000x50.jpg")
+                                                   if device == "gpu" else ())
+        lossless = not names[i].lower().endswith((".jpg", ".jpeg")) or pil_decoded
         if stats["mean"] > (0.0 if lossless else ODD_TOL[device]):
             bad.append((names[i], stats))
     print(f"\nodd files [{device}] mean |diff|: {worst}")

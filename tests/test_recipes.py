@@ -146,9 +146,13 @@ PRESETS = [dict(auto_augment_policy=p, random_erase_prob=e) for p, e in
 def test_classification_reference_presets(photo_folder, device, use_v2, kw):
     preset = ClassificationPresetTrain(crop_size=64, use_v2=use_v2, **kw)
     p = plan(preset)
-    # the fast path takes everything that has a lowering: RRC fused into decode, flip in the final op
-    assert p.steps[0].args.get("random_crop") and p.steps[-1].args.get("mirror_p") == 0.5
-    if kw["auto_augment_policy"] is None and not kw["random_erase_prob"]:
+    # the fast path takes everything that has a lowering: RRC fused into decode, the flip in the
+    # final op (or, when an augmentation follows it, a flip step), TrivialAugmentWide in DALI
+    ops = [s.op for s in p.steps]
+    assert p.steps[0].args.get("random_crop")
+    assert p.steps[-1].args.get("mirror_p") == 0.5 or "flip" in ops
+    assert ("trivial_augment_wide" in ops) == (kw["auto_augment_policy"] == "ta_wide")
+    if kw["auto_augment_policy"] in (None, "ta_wide") and not kw["random_erase_prob"]:
         assert not p.tail
     else:
         assert p.tail_mode == "tensor"

@@ -16,6 +16,7 @@ import torch
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
+from nvidia.dali import pipeline_def
 from nvidia.dali.pipeline import Pipeline
 
 from .plan import Plan, Step
@@ -213,7 +214,39 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     g.img = fn.crop_mirror_normalize(g.img, **kw)
 
 
+def trivial_augment_wide_suite():
+    """torchvision's TrivialAugmentWide augmentation space (magnitude ranges of its
+    ``_augmentation_space``) built from DALI's auto_aug operations. DALI's own wide suite differs
+    in small ways (enhance magnitudes from 0.01, solarize threshold from 256)."""
+    from nvidia.dali.auto_aug import augmentations as a
+
+    return [
+        a.translate_x_no_shape.augmentation((0, 32), True),  # absolute pixels, like torchvision
+        a.translate_y_no_shape.augmentation((0, 32), True),
+        a.shear_x.augmentation((0, 0.99), True),
+        a.shear_y.augmentation((0, 0.99), True),
+        a.rotate.augmentation((0, 135), True),
+        a.brightness.augmentation((0, 0.99), True, a.shift_enhance_range),
+        a.color.augmentation((0, 0.99), True, a.shift_enhance_range),
+        a.contrast.augmentation((0, 0.99), True, a.shift_enhance_range),
+        a.sharpness.augmentation((0, 0.99), True, a.sharpness_kernel),
+        a.posterize.augmentation((8, 2), False, a.poster_mask_uint8),
+        a.solarize.augmentation((255, 0)),
+        a.auto_contrast,
+        a.equalize,
+        a.identity,
+    ]
+
+
+def _trivial_augment_wide(g: _Graph, step: Step, **_) -> None:
+    from nvidia.dali.auto_aug.trivial_augment import apply_trivial_augment
+
+    g.img = apply_trivial_augment(trivial_augment_wide_suite(), g.img, num_magnitude_bins=step.args["num_magnitude_bins"],
+                                  fill_value=step.args["fill"], interp_type=getattr(types, step.args["interp"]))
+
+
 LOWER: dict[str, Callable] = {
+    "trivial_augment_wide": _trivial_augment_wide,
     "decode": _decode,
     "resize": _resize,
     "random_resized_crop": _random_resized_crop,
@@ -232,9 +265,13 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     the benchmarks to take Python out of the measurement)."""
     if device == "gpu" and device_id is None:
         device_id = torch.cuda.current_device()
-    pipe = Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
-                    seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
-    with pipe:
+
+    # pipeline_def, not Pipeline: auto_aug picks an operation per sample with DALI's conditionals,
+    # which only the traced definition supports
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
+                  seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
+                  enable_conditionals=any(s.op == "trivial_augment_wide" for s in plan.steps))
+    def graph():
         if reader is not None:
             encoded = reader()
         else:
@@ -243,5 +280,10 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
         g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded)
         for step in plan.steps:
             LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
-        pipe.set_outputs(g.img)
+        return g.img
+
+    # (DALI 2.4's auto_aug calls its deprecated fn.experimental.* aliases: DALI itself prints a
+    # DeprecationWarning once, under a "default" filter that callers cannot override)
+    pipe = graph()
+    pipe.build()
     return pipe

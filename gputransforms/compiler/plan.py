@@ -181,7 +181,21 @@ def _normalize(t) -> Op:
     return Op("normalize", dict(mean=tuple(float(m) for m in t.mean), std=tuple(float(s) for s in t.std)), t)
 
 
+def _trivial_augment_wide(t) -> Op:
+    mode = _compat.interpolation_mode(t.interpolation)
+    if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        raise NotLowerable(f"TrivialAugmentWide: interpolation {mode.value!r} (DALI's warps: nearest, bilinear)")
+    fill = t.fill
+    if isinstance(fill, (list, tuple)):
+        if len(set(fill)) != 1:
+            raise NotLowerable("TrivialAugmentWide: a per-channel fill")
+        fill = fill[0]
+    return Op("trivial_augment_wide", dict(num_magnitude_bins=int(t.num_magnitude_bins), interp=DALI_INTERPOLATION[mode],
+                                           fill=0 if fill is None else int(fill)), t)
+
+
 LOWERINGS: dict = {
+    tv1.TrivialAugmentWide: _trivial_augment_wide, tv2.TrivialAugmentWide: _trivial_augment_wide,
     tv1.RandomResizedCrop: _random_resized_crop, tv2.RandomResizedCrop: _random_resized_crop,
     tv1.Resize: _resize, tv2.Resize: _resize,
     tv1.CenterCrop: _center_crop, tv2.CenterCrop: _center_crop,
@@ -353,6 +367,12 @@ class _Planner:
                 self.steps.append(Step("slice", dict(op.args, fill=fill_raw), [op.source]))
             else:
                 self.crop, self.crop_fill_raw = op, fill_raw
+        elif op.kind == "trivial_augment_wide":
+            if self.tensor:
+                raise NotLowerable("TrivialAugmentWide after ToTensor (DALI's suite works on uint8 images)")
+            self.flush()
+            self.steps.append(Step(op.kind, dict(op.args), [op.source],
+                                   "torchvision's wide augmentation space in DALI's auto_aug ops"))
         elif op.kind == "flip":
             if op.args["horizontal"]:
                 if self.flip is not None:
