@@ -131,7 +131,7 @@ class DataLoader:
     every other sample still comes once, ``DataLoader.skipped`` lists them and a
     ``SkippedSamplesWarning`` reports them at the end of the epoch),
     ``jpeg_fancy_upsampling`` (GPU only: decode chroma like libjpeg-turbo/PIL; closer to torchvision,
-    mean |diff| 0.15 instead of ~0.5 in 0-255 units, but ~30% slower decoding on an H100; never
+    mean |diff| 0.15 instead of 0.30 in 0-255 units, but ~30% slower full-image decoding on an H100; never
     applied to RandomResizedCrop's ROI decode, which nvJPEG < 13.2 does not support).
     """
 
