@@ -71,6 +71,12 @@ def _bad_folder(tmp_path, photo_folder, kind):
         bad.write_text("this is a text file with an image extension\n")
     elif kind == "truncated":
         bad.write_bytes(good[: len(good) // 2])
+    elif kind.startswith("corrupt-body"):  # header and end marker intact, random bytes in the scan data
+        body = bytearray(good)
+        mid = len(body) // 2
+        seed = int(kind.rsplit("-", 1)[1])
+        body[mid:mid + 2000] = np.random.default_rng(seed).integers(0, 256, 2000, dtype=np.uint8).tobytes()
+        bad.write_bytes(bytes(body))
     elif kind in ("disappears", "unreadable"):
         bad.write_bytes(good)
     return root, bad
@@ -177,3 +183,37 @@ def test_gpu_out_of_memory_says_what_to_reduce(indexed_folder):
     err = _named_error(RuntimeError("Critical error in pipeline:\nCUDA allocation failed: out of memory"), [0, 1], ds)
     assert isinstance(err, MemoryError)
     assert "batch_size" in str(err) and "prefetch_factor" in str(err) and "out of memory" in str(err)
+
+
+def test_jpeg_scan_check_has_no_false_alarms_on_real_photos(photo_folder, odd_folder):
+    from gputransforms.files import jpeg_scan_is_valid
+
+    jpegs = [p for root in (photo_folder, odd_folder) for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg")]
+    assert len(jpegs) > 50
+    assert all(jpeg_scan_is_valid(p.read_bytes()) for p in jpegs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_corrupted_jpeg_body_follows_pil(tmp_path, photo_folder, device):
+    """libjpeg-turbo and nvJPEG decode a corrupted scan to garbage without complaint; PIL raises
+    ("broken data stream") or decodes it its own way. With validate_jpeg such files go to PIL: an
+    error where PIL errs, PIL's pixels where PIL decodes."""
+    outcomes = set()
+    for seed in range(6):
+        root, bad = _bad_folder(tmp_path / str(seed), photo_folder, f"corrupt-body-{seed}")
+        ds = datasets.ImageFolder(str(root), transform=RAW)
+        index = [p for p, _ in ds.samples].index(str(bad))
+        try:
+            expected = RAW(Image.open(bad).convert("RGB"))
+        except OSError:
+            expected = None
+        loader = DataLoader(ds, batch_size=1, device=device, validate_jpeg=True)
+        if expected is None:
+            outcomes.add("raises")
+            with pytest.raises(BadSampleError, match=str(bad)):
+                list(loader)
+        else:
+            outcomes.add("decodes")
+            got = [x for x, _ in loader][index][0]
+            assert torch.equal(got.cpu(), expected)
+    assert outcomes == {"raises", "decodes"}, "the seeds should exercise both of PIL's answers"
