@@ -248,12 +248,35 @@ def choose_tail_mode(tail: list, image_state: bool) -> str:
     return "tensor"
 
 
+def _timm_random_resized_crop(t) -> Op:
+    """timm's RandomResizedCropAndInterpolation: torchvision's sampling rule (drawn with Python's
+    ``random``), on PIL images; ``interpolation='random'`` picks a filter per sample."""
+    if isinstance(t.interpolation, (list, tuple)):
+        raise NotLowerable("RandomResizedCropAndInterpolation: a random interpolation per sample")
+    return Op("random_resized_crop", dict(size=tuple(t.size), scale=tuple(t.scale), ratio=tuple(t.ratio),
+                                          interp=_interp(t), antialias=True), t)
+
+
+def _timm_lowerings() -> dict:
+    try:
+        from timm.data.transforms import RandomResizedCropAndInterpolation
+    except ImportError:  # timm is optional
+        return {}
+    # timm's MaybeToTensor / MaybePILToTensor subclass torchvision's ToTensor / PILToTensor
+    return {RandomResizedCropAndInterpolation: _timm_random_resized_crop}
+
+
 def lower_transform(t) -> Op:
+    if not _TIMM:
+        _TIMM.update(_timm_lowerings() or {None: None})
     for cls in type(t).__mro__:
-        fn = LOWERINGS.get(cls)
+        fn = LOWERINGS.get(cls) or _TIMM.get(cls)
         if fn is not None:
             return fn(t)
     raise NotLowerable(f"{type(t).__name__}: no DALI lowering")
+
+
+_TIMM: dict = {}  # filled on first use, so that importing gputransforms does not import timm
 
 
 def flatten(transform) -> list:

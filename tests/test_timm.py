@@ -1,0 +1,73 @@
+"""timm's create_transform outputs, passed unchanged: what has a lowering is compiled, the rest runs
+per sample with timm's own code; results against timm's transforms applied by torchvision's
+ImageFolder."""
+import pytest
+import torch
+import torchvision
+from scipy.stats import ks_2samp
+
+from gputransforms import DataLoader, datasets, plan
+
+from conftest import DEVICES
+
+timm_data = pytest.importorskip("timm.data")
+STD = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_eval_transform_fully_compiled(photo_folder, device):
+    tf = timm_data.create_transform(224, is_training=False)
+    p = plan(tf)
+    assert not p.tail and [s.op for s in p.steps] == ["decode", "resize", "crop_mirror_normalize"]
+    got = torch.cat([x.cpu() for x, _ in DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf),
+                                                    batch_size=16, device=device)])
+    ref_ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=tf)
+    ref = torch.stack([ref_ds[i][0] for i in range(len(ref_ds))])
+    assert ((got - ref).abs() * STD * 255).mean() < (0.3 if device == "cpu" else 1.0)
+
+
+@pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [dict(), dict(auto_augment="rand-m9-mstd0.5", re_prob=0.25),
+                                dict(auto_augment="rand-m9-mstd0.5", interpolation="random")],
+                         ids=["default", "rand-m9-mstd0.5+re", "random-interpolation"])
+def test_timm_train_transforms_compile_and_run(photo_folder, device, kw):
+    tf = timm_data.create_transform(96, is_training=True, **kw)
+    p = plan(tf)
+    loader = DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=16, shuffle=True,
+                        device=device)
+    if kw.get("interpolation") == "random":
+        # a filter drawn per sample has no DALI equivalent, and it is the first transform: the
+        # graph would only decode, so the whole chain runs on torch's DataLoader with timm's code
+        assert not p.compiled and loader.backend == "torchvision"
+    else:
+        assert p.steps[0].args.get("random_crop") is not None, p.explain()  # fused into decode
+        assert loader.backend == "dali"
+    if "auto_augment" in kw and p.compiled:
+        # timm's RandAugment works on PIL images only: from there on, per sample on PIL
+        assert p.tail_mode == "pil" and type(p.tail[0]).__name__ == "RandAugment"
+    x, y = next(iter(loader))
+    assert x.shape == (16, 3, 96, 96) and x.dtype == torch.float32 and y.dtype == torch.int64
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_random_resized_crop_distribution(gradient_folder, device, tmp_path):
+    import shutil
+
+    from torchvision.transforms import PILToTensor
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+
+    (tmp_path / "a").mkdir()
+    for i in range(200):
+        shutil.copy(gradient_folder / "a" / "g0.png", tmp_path / "a" / f"{i:03d}.png")
+    tf = torchvision.transforms.Compose([RandomResizedCropAndInterpolation(64), PILToTensor()])
+    got = torch.cat([x.cpu() for _ in range(2) for x, _ in
+                     DataLoader(datasets.ImageFolder(str(tmp_path), transform=tf), batch_size=100, device=device)])
+    from PIL import Image
+
+    img = Image.open(gradient_folder / "a" / "g0.png").convert("RGB")
+    ref = torch.stack([tf(img) for _ in range(400)])
+    width = lambda x: (x[:, 0, :, -1].double().mean(1) - x[:, 0, :, 0].double().mean(1)).numpy()
+    height = lambda x: (x[:, 1, -1, :].double().mean(1) - x[:, 1, 0, :].double().mean(1)).numpy()
+    assert ks_2samp(width(got), width(ref)).pvalue > 1e-3
+    assert ks_2samp(height(got), height(ref)).pvalue > 1e-3
