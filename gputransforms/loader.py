@@ -37,7 +37,7 @@ class SkippedSamplesWarning(UserWarning):
 
 def dali_available() -> bool:
     try:
-        import nvidia.dali  # noqa: F401
+        import nvidia.dali  # noqa: F401 - importable is the question
     except ImportError:
         return False
     return True

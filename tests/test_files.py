@@ -2,7 +2,6 @@
 error naming the file and sample index from the loop (or are skipped and reported); nothing is
 lost and no label moves."""
 import shutil
-import warnings
 
 import numpy as np
 import pytest

@@ -1,5 +1,4 @@
 """DataLoader semantics against torch's: coverage, order, batching, labels, fallbacks."""
-import warnings
 
 import pytest
 import torch

@@ -6,14 +6,13 @@ compared numerically with torchvision's PIL path; the tolerance is torchvision's
 difference, measured here (mean |diff| in 0-255 units, after a Resize whose rounding adds ~0.1).
 Random ones are compared by the distribution of a per-image statistic (two-sample KS, p > 1e-3).
 """
-import numpy as np
 import pytest
 import torch
 import torchvision
 from scipy.stats import ks_2samp
 from torchvision.transforms import v2
 
-from gputransforms import DataLoader, FallbackWarning, datasets, plan
+from gputransforms import DataLoader, datasets, plan
 from gputransforms import transforms as T
 
 from conftest import DEVICES

@@ -12,11 +12,10 @@ from torchvision.transforms import InterpolationMode  # noqa: F401
 from torchvision.transforms import v2  # noqa: F401
 from torchvision.transforms.v2 import ToDtype, ToImage  # noqa: F401 - the v2 spellings
 
-__all__ = [
-    "Compose", "RandomResizedCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "Resize", "CenterCrop",
-    "RandomCrop", "ToTensor", "PILToTensor", "ConvertImageDtype", "Normalize", "ToImage", "ToDtype",
-    "InterpolationMode", "v2",
-]
+import torchvision.transforms as _tv
+
+__all__ = sorted(set(getattr(_tv, "__all__", [n for n in dir(_tv) if n[:1].isupper()]))
+                 | {"Compose", "ToImage", "ToDtype", "InterpolationMode", "v2"})
 
 
 class Compose(_TVCompose):
