@@ -151,7 +151,8 @@ def test_classification_reference_presets(photo_folder, device, use_v2, kw):
     assert p.steps[0].args.get("random_crop")
     assert p.steps[-1].args.get("mirror_p") == 0.5 or "flip" in ops
     assert ("trivial_augment_wide" in ops) == (kw["auto_augment_policy"] == "ta_wide")
-    if kw["auto_augment_policy"] in (None, "ta_wide") and not kw["random_erase_prob"]:
+    assert ("rand_augment" in ops) == (kw["auto_augment_policy"] == "ra")
+    if kw["auto_augment_policy"] in (None, "ta_wide", "ra") and not kw["random_erase_prob"]:
         assert not p.tail
     else:
         assert p.tail_mode == "tensor"

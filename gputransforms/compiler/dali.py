@@ -214,23 +214,30 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     g.img = fn.crop_mirror_normalize(g.img, **kw)
 
 
-def trivial_augment_wide_suite():
-    """torchvision's TrivialAugmentWide augmentation space (magnitude ranges of its
-    ``_augmentation_space``) built from DALI's auto_aug operations. DALI's own wide suite differs
-    in small ways (enhance magnitudes from 0.01, solarize threshold from 256)."""
+def torchvision_augmentation_space(policy: str) -> list:
+    """torchvision's augmentation spaces (``TrivialAugmentWide._augmentation_space`` and
+    ``RandAugment._augmentation_space``: magnitude ranges, which operations take a random sign)
+    built from DALI's auto_aug operations. DALI's own suites differ in small ways (enhance
+    magnitudes from 0.01, solarize from 256, absolute translations for RandAugment)."""
     from nvidia.dali.auto_aug import augmentations as a
 
-    return [
-        a.translate_x_no_shape.augmentation((0, 32), True),  # absolute pixels, like torchvision
-        a.translate_y_no_shape.augmentation((0, 32), True),
-        a.shear_x.augmentation((0, 0.99), True),
-        a.shear_y.augmentation((0, 0.99), True),
-        a.rotate.augmentation((0, 135), True),
-        a.brightness.augmentation((0, 0.99), True, a.shift_enhance_range),
-        a.color.augmentation((0, 0.99), True, a.shift_enhance_range),
-        a.contrast.augmentation((0, 0.99), True, a.shift_enhance_range),
-        a.sharpness.augmentation((0, 0.99), True, a.sharpness_kernel),
-        a.posterize.augmentation((8, 2), False, a.poster_mask_uint8),
+    if policy == "trivial_augment_wide":
+        shear, rotate, enhance, bits = 0.99, 135, 0.99, (8, 2)
+        translations = [a.translate_x_no_shape.augmentation((0, 32), True),  # absolute pixels
+                        a.translate_y_no_shape.augmentation((0, 32), True)]
+    else:
+        shear, rotate, enhance, bits = 0.3, 30, 0.9, (8, 4)
+        translations = [a.translate_x.augmentation((0, 150 / 331), True),  # a share of the image size
+                        a.translate_y.augmentation((0, 150 / 331), True)]
+    return translations + [
+        a.shear_x.augmentation((0, shear), True),
+        a.shear_y.augmentation((0, shear), True),
+        a.rotate.augmentation((0, rotate), True),
+        a.brightness.augmentation((0, enhance), True, a.shift_enhance_range),
+        a.color.augmentation((0, enhance), True, a.shift_enhance_range),
+        a.contrast.augmentation((0, enhance), True, a.shift_enhance_range),
+        a.sharpness.augmentation((0, enhance), True, a.sharpness_kernel),
+        a.posterize.augmentation(bits, False, a.poster_mask_uint8),
         a.solarize.augmentation((255, 0)),
         a.auto_contrast,
         a.equalize,
@@ -241,12 +248,23 @@ def trivial_augment_wide_suite():
 def _trivial_augment_wide(g: _Graph, step: Step, **_) -> None:
     from nvidia.dali.auto_aug.trivial_augment import apply_trivial_augment
 
-    g.img = apply_trivial_augment(trivial_augment_wide_suite(), g.img, num_magnitude_bins=step.args["num_magnitude_bins"],
-                                  fill_value=step.args["fill"], interp_type=getattr(types, step.args["interp"]))
+    g.img = apply_trivial_augment(torchvision_augmentation_space("trivial_augment_wide"), g.img,
+                                  num_magnitude_bins=step.args["num_magnitude_bins"], fill_value=step.args["fill"],
+                                  interp_type=getattr(types, step.args["interp"]))
+
+
+def _rand_augment(g: _Graph, step: Step, **_) -> None:
+    from nvidia.dali.auto_aug.rand_augment import apply_rand_augment
+
+    a = step.args
+    g.img = apply_rand_augment(torchvision_augmentation_space("rand_augment"), g.img, n=a["num_ops"],
+                               m=a["magnitude"], num_magnitude_bins=a["num_magnitude_bins"], shape=(g.h, g.w),
+                               fill_value=a["fill"], interp_type=getattr(types, a["interp"]))
 
 
 LOWER: dict[str, Callable] = {
     "trivial_augment_wide": _trivial_augment_wide,
+    "rand_augment": _rand_augment,
     "decode": _decode,
     "resize": _resize,
     "random_resized_crop": _random_resized_crop,
@@ -270,7 +288,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     # which only the traced definition supports
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
                   seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
-                  enable_conditionals=any(s.op == "trivial_augment_wide" for s in plan.steps))
+                  enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment") for s in plan.steps))
     def graph():
         if reader is not None:
             encoded = reader()

@@ -181,21 +181,35 @@ def _normalize(t) -> Op:
     return Op("normalize", dict(mean=tuple(float(m) for m in t.mean), std=tuple(float(s) for s in t.std)), t)
 
 
-def _trivial_augment_wide(t) -> Op:
+def _auto_augment_args(t) -> dict:
+    """Interpolation and fill of torchvision's automatic augmentations, as DALI's warps take them."""
+    name = type(t).__name__
     mode = _compat.interpolation_mode(t.interpolation)
     if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
-        raise NotLowerable(f"TrivialAugmentWide: interpolation {mode.value!r} (DALI's warps: nearest, bilinear)")
+        raise NotLowerable(f"{name}: interpolation {mode.value!r} (DALI's warps: nearest, bilinear)")
     fill = t.fill
+    if isinstance(fill, dict):
+        raise NotLowerable(f"{name}: fill given per input type")
     if isinstance(fill, (list, tuple)):
         if len(set(fill)) != 1:
-            raise NotLowerable("TrivialAugmentWide: a per-channel fill")
+            raise NotLowerable(f"{name}: a per-channel fill")
         fill = fill[0]
-    return Op("trivial_augment_wide", dict(num_magnitude_bins=int(t.num_magnitude_bins), interp=DALI_INTERPOLATION[mode],
-                                           fill=0 if fill is None else int(fill)), t)
+    return dict(interp=DALI_INTERPOLATION[mode], fill=0 if fill is None else int(fill))
+
+
+def _trivial_augment_wide(t) -> Op:
+    return Op("auto_augment", dict(policy="trivial_augment_wide", num_magnitude_bins=int(t.num_magnitude_bins),
+                                   **_auto_augment_args(t)), t)
+
+
+def _rand_augment(t) -> Op:
+    return Op("auto_augment", dict(policy="rand_augment", num_ops=int(t.num_ops), magnitude=int(t.magnitude),
+                                   num_magnitude_bins=int(t.num_magnitude_bins), **_auto_augment_args(t)), t)
 
 
 LOWERINGS: dict = {
     tv1.TrivialAugmentWide: _trivial_augment_wide, tv2.TrivialAugmentWide: _trivial_augment_wide,
+    tv1.RandAugment: _rand_augment, tv2.RandAugment: _rand_augment,
     tv1.RandomResizedCrop: _random_resized_crop, tv2.RandomResizedCrop: _random_resized_crop,
     tv1.Resize: _resize, tv2.Resize: _resize,
     tv1.CenterCrop: _center_crop, tv2.CenterCrop: _center_crop,
@@ -390,12 +404,12 @@ class _Planner:
                 self.steps.append(Step("slice", dict(op.args, fill=fill_raw), [op.source]))
             else:
                 self.crop, self.crop_fill_raw = op, fill_raw
-        elif op.kind == "trivial_augment_wide":
+        elif op.kind == "auto_augment":
             if self.tensor:
-                raise NotLowerable("TrivialAugmentWide after ToTensor (DALI's suite works on uint8 images)")
+                raise NotLowerable(f"{type(op.source).__name__} after ToTensor (DALI's suite works on uint8 images)")
             self.flush()
-            self.steps.append(Step(op.kind, dict(op.args), [op.source],
-                                   "torchvision's wide augmentation space in DALI's auto_aug ops"))
+            self.steps.append(Step(op.args["policy"], dict(op.args), [op.source],
+                                   "torchvision's augmentation space in DALI's auto_aug ops"))
         elif op.kind == "flip":
             if op.args["horizontal"]:
                 if self.flip is not None:
