@@ -64,3 +64,12 @@ def constant_fill(transform) -> Optional[Sequence[float]]:
         return (float(fill),) * 3
     fill = [float(f) for f in fill]
     return tuple(fill * 3) if len(fill) == 1 else tuple(fill)
+
+
+def auto_augment_policies(transform) -> list:
+    """An AutoAugment's sub-policies as [[(op name, probability, magnitude bin or None), ...], ...]:
+    v1 keeps them in ``policies``, v2 in ``_policies``."""
+    policies = getattr(transform, "policies", None)
+    if policies is None:
+        policies = transform._policies
+    return [[tuple(op) for op in sub] for sub in policies]

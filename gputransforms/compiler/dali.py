@@ -214,41 +214,49 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     g.img = fn.crop_mirror_normalize(g.img, **kw)
 
 
-def torchvision_augmentation_space(policy: str) -> list:
-    """torchvision's augmentation spaces (``TrivialAugmentWide._augmentation_space`` and
-    ``RandAugment._augmentation_space``: magnitude ranges, which operations take a random sign)
-    built from DALI's auto_aug operations. DALI's own suites differ in small ways (enhance
-    magnitudes from 0.01, solarize from 256, absolute translations for RandAugment)."""
+def torchvision_augmentation_space(policy: str) -> dict:
+    """torchvision's augmentation spaces (``_augmentation_space`` of TrivialAugmentWide, and of
+    RandAugment and AutoAugment: magnitude ranges, which operations take a random sign), keyed by
+    torchvision's operation names, built from DALI's auto_aug operations. DALI's own suites differ
+    in small ways (enhance magnitudes from 0.01, solarize from 256, absolute translations)."""
     from nvidia.dali.auto_aug import augmentations as a
 
     if policy == "trivial_augment_wide":
         shear, rotate, enhance, bits = 0.99, 135, 0.99, (8, 2)
-        translations = [a.translate_x_no_shape.augmentation((0, 32), True),  # absolute pixels
-                        a.translate_y_no_shape.augmentation((0, 32), True)]
+        translate_x = a.translate_x_no_shape.augmentation((0, 32), True)  # absolute pixels
+        translate_y = a.translate_y_no_shape.augmentation((0, 32), True)
     else:
         shear, rotate, enhance, bits = 0.3, 30, 0.9, (8, 4)
-        translations = [a.translate_x.augmentation((0, 150 / 331), True),  # a share of the image size
-                        a.translate_y.augmentation((0, 150 / 331), True)]
-    return translations + [
-        a.shear_x.augmentation((0, shear), True),
-        a.shear_y.augmentation((0, shear), True),
-        a.rotate.augmentation((0, rotate), True),
-        a.brightness.augmentation((0, enhance), True, a.shift_enhance_range),
-        a.color.augmentation((0, enhance), True, a.shift_enhance_range),
-        a.contrast.augmentation((0, enhance), True, a.shift_enhance_range),
-        a.sharpness.augmentation((0, enhance), True, a.sharpness_kernel),
-        a.posterize.augmentation(bits, False, a.poster_mask_uint8),
-        a.solarize.augmentation((255, 0)),
-        a.auto_contrast,
-        a.equalize,
-        a.identity,
-    ]
+        translate_x = a.translate_x.augmentation((0, 150 / 331), True)  # a share of the image size
+        translate_y = a.translate_y.augmentation((0, 150 / 331), True)
+    return {
+        "TranslateX": translate_x, "TranslateY": translate_y,
+        "ShearX": a.shear_x.augmentation((0, shear), True),
+        "ShearY": a.shear_y.augmentation((0, shear), True),
+        "Rotate": a.rotate.augmentation((0, rotate), True),
+        "Brightness": a.brightness.augmentation((0, enhance), True, a.shift_enhance_range),
+        "Color": a.color.augmentation((0, enhance), True, a.shift_enhance_range),
+        "Contrast": a.contrast.augmentation((0, enhance), True, a.shift_enhance_range),
+        "Sharpness": a.sharpness.augmentation((0, enhance), True, a.sharpness_kernel),
+        "Posterize": a.posterize.augmentation(bits, False, a.poster_mask_uint8),
+        "Solarize": a.solarize.augmentation((255, 0)),
+        "AutoContrast": a.auto_contrast,
+        "Equalize": a.equalize,
+        "Invert": a.invert,  # AutoAugment's policies only
+        "Identity": a.identity,  # TrivialAugmentWide and RandAugment only
+    }
+
+
+def _suite(policy: str) -> list:
+    space = torchvision_augmentation_space(policy)
+    del space["Invert"]
+    return list(space.values())
 
 
 def _trivial_augment_wide(g: _Graph, step: Step, **_) -> None:
     from nvidia.dali.auto_aug.trivial_augment import apply_trivial_augment
 
-    g.img = apply_trivial_augment(torchvision_augmentation_space("trivial_augment_wide"), g.img,
+    g.img = apply_trivial_augment(_suite("trivial_augment_wide"), g.img,
                                   num_magnitude_bins=step.args["num_magnitude_bins"], fill_value=step.args["fill"],
                                   interp_type=getattr(types, step.args["interp"]))
 
@@ -257,12 +265,30 @@ def _rand_augment(g: _Graph, step: Step, **_) -> None:
     from nvidia.dali.auto_aug.rand_augment import apply_rand_augment
 
     a = step.args
-    g.img = apply_rand_augment(torchvision_augmentation_space("rand_augment"), g.img, n=a["num_ops"],
+    g.img = apply_rand_augment(_suite("rand_augment"), g.img, n=a["num_ops"],
                                m=a["magnitude"], num_magnitude_bins=a["num_magnitude_bins"], shape=(g.h, g.w),
                                fill_value=a["fill"], interp_type=getattr(types, a["interp"]))
 
 
+def _auto_augment(g: _Graph, step: Step, **_) -> None:
+    from nvidia.dali.auto_aug.auto_augment import apply_auto_augment
+    from nvidia.dali.auto_aug.core import Policy
+
+    space = torchvision_augmentation_space("auto_augment")
+    a = step.args
+    policy = Policy(name="torchvision", num_magnitude_bins=a["num_magnitude_bins"],
+                    sub_policies=[[(space[name], p, mag) for name, p, mag in sub] for sub in a["sub_policies"]])
+    used = {name for sub in a["sub_policies"] for name, _, _ in sub}
+    kwargs: dict[str, Any] = {}  # DALI rejects arguments that no operation of the policy takes
+    if used & {"TranslateX", "TranslateY"}:
+        kwargs["shape"] = (g.h, g.w)
+    if used & {"TranslateX", "TranslateY", "ShearX", "ShearY", "Rotate"}:
+        kwargs.update(fill_value=a["fill"], interp_type=getattr(types, a["interp"]))
+    g.img = apply_auto_augment(policy, g.img, **kwargs)
+
+
 LOWER: dict[str, Callable] = {
+    "auto_augment": _auto_augment,
     "trivial_augment_wide": _trivial_augment_wide,
     "rand_augment": _rand_augment,
     "decode": _decode,
@@ -288,7 +314,8 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     # which only the traced definition supports
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
                   seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
-                  enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment") for s in plan.steps))
+                  enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment", "auto_augment")
+                                              for s in plan.steps))
     def graph():
         if reader is not None:
             encoded = reader()

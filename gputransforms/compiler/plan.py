@@ -202,6 +202,12 @@ def _trivial_augment_wide(t) -> Op:
                                    **_auto_augment_args(t)), t)
 
 
+def _auto_augment(t) -> Op:
+    # torchvision's AutoAugment draws magnitudes from 10 bins of RandAugment's ranges
+    return Op("auto_augment", dict(policy="auto_augment", sub_policies=_compat.auto_augment_policies(t),
+                                   num_magnitude_bins=10, **_auto_augment_args(t)), t)
+
+
 def _rand_augment(t) -> Op:
     return Op("auto_augment", dict(policy="rand_augment", num_ops=int(t.num_ops), magnitude=int(t.magnitude),
                                    num_magnitude_bins=int(t.num_magnitude_bins), **_auto_augment_args(t)), t)
@@ -210,6 +216,7 @@ def _rand_augment(t) -> Op:
 LOWERINGS: dict = {
     tv1.TrivialAugmentWide: _trivial_augment_wide, tv2.TrivialAugmentWide: _trivial_augment_wide,
     tv1.RandAugment: _rand_augment, tv2.RandAugment: _rand_augment,
+    tv1.AutoAugment: _auto_augment, tv2.AutoAugment: _auto_augment,
     tv1.RandomResizedCrop: _random_resized_crop, tv2.RandomResizedCrop: _random_resized_crop,
     tv1.Resize: _resize, tv2.Resize: _resize,
     tv1.CenterCrop: _center_crop, tv2.CenterCrop: _center_crop,
