@@ -73,3 +73,10 @@ def auto_augment_policies(transform) -> list:
     if policies is None:
         policies = transform._policies
     return [[tuple(op) for op in sub] for sub in policies]
+
+
+def tensor_color_kernels():
+    """torchvision's own batch-capable colour kernels (private in every version we support)."""
+    from torchvision.transforms import _functional_tensor as F_t
+
+    return F_t.rgb_to_grayscale, F_t._rgb2hsv, F_t._hsv2rgb, F_t.convert_image_dtype, F_t._max_value

@@ -181,3 +181,24 @@ def test_eval_preset_fully_compiled_and_matches(photo_folder, device, use_v2):
     ref = theirs(photo_folder, preset)
     std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
     assert ((got - ref).abs() * std * 255).mean() < (0.3 if device == "cpu" else 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_color_jitter_batched_is_torchvisions_per_sample(photo_folder, dtype):
+    """ColorJitter runs on the whole batch: same parameters (torchvision's get_params, drawn in the
+    same order) and torchvision's tensor arithmetic, so the result equals torchvision applied to
+    each sample in turn, up to float rounding (a uint8 value may differ by 1 where a blend lands
+    on .0)."""
+    from gputransforms.compiler.persample import color_jitter_batched
+
+    x = theirs(photo_folder, T.Compose(BASE + [T.PILToTensor()]))
+    if dtype == torch.float32:
+        x = x.float() / 255
+    t = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
+    torch.manual_seed(5)
+    got = color_jitter_batched(t, x)
+    torch.manual_seed(5)
+    ref = torch.stack([t(img) for img in x])
+    assert got.dtype == ref.dtype and not torch.equal(got, x)
+    d = (got.double() - ref.double()).abs() * (255 if dtype == torch.float32 else 1)
+    assert d.mean() < 0.01 and d.max() <= 1.0 + 1e-3, (d.mean(), d.max())
