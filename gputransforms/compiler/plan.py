@@ -12,6 +12,7 @@ Three layers, one direction:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -278,6 +279,7 @@ def _timm_random_resized_crop(t) -> Op:
                                           interp=_interp(t), antialias=True), t)
 
 
+@functools.lru_cache(maxsize=None)  # on first use, so that importing gputransforms does not import timm
 def _timm_lowerings() -> dict:
     try:
         from timm.data.transforms import RandomResizedCropAndInterpolation
@@ -288,16 +290,11 @@ def _timm_lowerings() -> dict:
 
 
 def lower_transform(t) -> Op:
-    if not _TIMM:
-        _TIMM.update(_timm_lowerings() or {None: None})
     for cls in type(t).__mro__:
-        fn = LOWERINGS.get(cls) or _TIMM.get(cls)
+        fn = LOWERINGS.get(cls) or _timm_lowerings().get(cls)
         if fn is not None:
             return fn(t)
     raise NotLowerable(f"{type(t).__name__}: no DALI lowering")
-
-
-_TIMM: dict = {}  # filled on first use, so that importing gputransforms does not import timm
 
 
 def flatten(transform) -> list:
