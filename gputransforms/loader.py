@@ -253,7 +253,6 @@ class DataLoader:
                                     prefetch_queue_depth=self.prefetch_queue_depth,
                                     hw_decoder_load=self.hw_decoder_load,
                                     jpeg_fancy_upsampling=self.jpeg_fancy_upsampling)
-        self._pipe.build()
 
     def _start_epoch(self) -> _Epoch:
         self._finish_epoch()

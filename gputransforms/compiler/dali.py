@@ -191,6 +191,13 @@ def _flip(g: _Graph, step: Step, **_) -> None:
         g.img = fn.flip(g.img, horizontal=0, vertical=coin)
 
 
+def _crop_pos(offset: Scalar, slack: Scalar):
+    """crop_mirror_normalize's normalised position for an integer offset, given extent - size."""
+    if not _is_node(slack):
+        return offset / slack if slack else 0.0
+    return _float(offset) / _float(_select(slack == 0, 1, slack))
+
+
 def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     a = step.args
     kw: dict[str, Any] = dict(dtype=_DALI_DTYPE.get(a["dtype"], types.FLOAT), output_layout=a["layout"],
@@ -201,9 +208,7 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
         y, x = _crop_offsets(g, crop)
         # crop_mirror_normalize places the window at roundf(pos * (extent - size)); passing
         # pos = offset / (extent - size) lands exactly on torchvision's integer offset
-        dy, dx = g.h - ch, g.w - cw
-        pos_y = _float(y) / _float(_select(dy == 0, 1, dy)) if _is_node(dy) else (y / dy if dy else 0.0)
-        pos_x = _float(x) / _float(_select(dx == 0, 1, dx)) if _is_node(dx) else (x / dx if dx else 0.0)
+        pos_y, pos_x = _crop_pos(y, g.h - ch), _crop_pos(x, g.w - cw)
         # torchvision's RandomCrop raises for an image smaller than the crop unless pad_if_needed
         policy = "pad" if crop["pad_if_needed"] else "error"
         kw.update(crop=[float(ch), float(cw)], crop_pos_y=pos_y, crop_pos_x=pos_x, out_of_bounds_policy=policy,
