@@ -8,6 +8,7 @@ from __future__ import annotations
 import numbers
 from typing import Optional, Sequence
 
+import torch
 import torchvision
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import v2 as tv2
@@ -75,8 +76,58 @@ def auto_augment_policies(transform) -> list:
     return [[tuple(op) for op in sub] for sub in policies]
 
 
-def tensor_color_kernels():
-    """torchvision's own batch-capable colour kernels (private in every version we support)."""
+def tensor_color_kernels(v2: bool = False):
+    """torchvision's own batch-capable colour kernels (private in every version we support):
+    grayscale (truncated to the input dtype), a hue shift by one factor per row, dtype conversion
+    and the dtype's maximum. v1 and v2 share the arithmetic but for the grayscale sum and the HSV
+    round trip, whose float rounding differs; each API gets its own."""
     from torchvision.transforms import _functional_tensor as F_t
 
-    return F_t.rgb_to_grayscale, F_t._rgb2hsv, F_t._hsv2rgb, F_t.convert_image_dtype, F_t._max_value
+    if v2:
+        from torchvision.transforms.v2.functional import _color as C2
+
+        rgb2hsv, hsv2rgb = C2._rgb_to_hsv, C2._hsv_to_rgb
+        gray = C2._rgb_to_grayscale_image  # (image, 1, preserve_dtype=True): truncated like v1's
+    else:
+        rgb2hsv, hsv2rgb = F_t._rgb2hsv, F_t._hsv2rgb
+        gray = F_t.rgb_to_grayscale
+
+    def hue(img, factors):  # img float in [0, 1], factors (N, 1, 1)
+        h, s, v = rgb2hsv(img).unbind(dim=-3)
+        return hsv2rgb(torch.stack(((h + factors) % 1.0, s, v), dim=-3))
+
+    return gray, hue, F_t.convert_image_dtype, F_t._max_value
+
+
+def make_params(transform, sample):
+    """A v2 transform's parameters for one sample, drawn as its ``forward`` draws them (without
+    the coin of a random-p transform). torchvision < 0.21 called the method ``_get_params``."""
+    fn = getattr(transform, "make_params", None) or transform._get_params
+    return fn([sample])
+
+
+def v2_tensor_fill(transform):
+    """The fill a v2 geometric transform hands its kernel for a plain tensor (None: no fill mask)."""
+    from torchvision.transforms.v2._utils import _get_fill
+
+    return _get_fill(transform._fill, torch.Tensor)
+
+
+def apply_grid_transform():
+    """torchvision's grid_sample + fill-mask + rounding step shared by its affine, rotate and
+    perspective tensor kernels; it takes one grid per image as well as one for all."""
+    from torchvision.transforms.v2.functional._geometry import _apply_grid_transform
+
+    return _apply_grid_transform
+
+
+def inverse_affine_matrix():
+    from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
+
+    return _get_inverse_affine_matrix
+
+
+def perspective_coefficients(startpoints, endpoints):
+    from torchvision.transforms.functional import _get_perspective_coeffs
+
+    return _get_perspective_coeffs(startpoints, endpoints)

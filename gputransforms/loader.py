@@ -23,7 +23,7 @@ from torchvision.datasets import DatasetFolder
 from torchvision.datasets.folder import default_loader, pil_loader
 
 from . import files
-from .compiler import persample
+from .compiler import tail
 from .compiler.plan import Plan, plan as make_plan
 
 
@@ -178,9 +178,14 @@ class DataLoader:
         # 4 batches in flight measured 5% faster than 2 on an H100 (benchmarks/probe_loader.py)
         self.prefetch_queue_depth = prefetch_factor or 4
         self.plan, self.backend, self.reason = self._choose_backend(dataset, collate_fn)
-        if self.backend == "dali" and self.plan.tail:
-            warnings.warn(f"gputransforms: {len(self.plan.tail)} transform(s) run per sample with torchvision "
-                          f"({self.plan.tail_reason}); see DataLoader.explain()", FallbackWarning, stacklevel=2)
+        self._stages = tail.stages(self.plan) if self.backend == "dali" else []
+        slow = [type(t).__name__ for t, _, stage in self._stages if stage in ("per sample", "pil")]
+        if slow:
+            why = ("a callable before ToTensor expects a PIL image" if self.plan.tail_mode == "pil"
+                   else "no DALI or batched lowering")
+            warnings.warn(f"gputransforms: {', '.join(slow)} run(s) per sample with torchvision after the DALI graph "
+                          f"({why}; the graph ends at {self.plan.tail_reason}); see DataLoader.explain()",
+                          FallbackWarning, stacklevel=2)
         elif self.backend == "torchvision" and self.reason:
             warnings.warn(f"gputransforms: running on torchvision's DataLoader ({self.reason}); "
                           "see DataLoader.explain()", FallbackWarning, stacklevel=2)
@@ -330,7 +335,7 @@ class DataLoader:
             images = _to_torch(out[0])
             pipe.schedule_run()
             if self.plan.tail:
-                images = persample.run_tail(images, self.plan, dev)
+                images = tail.run_tail(images, self.plan, dev, self._stages)
             elif images.dtype != self.plan.out_dtype:
                 images = images.to(self.plan.out_dtype)
             if target_transform is None:

@@ -134,21 +134,24 @@ def test_custom_collate_and_plain_dataset_use_torchvision_path(indexed_folder):
 
 
 def test_untransformable_tail_runs_per_sample_with_torchvision_meaning(photo_folder):
-    """A transform without a DALI lowering (Grayscale) runs per sample after the graph with
-    torchvision's tensor kernel, on the device; results match torchvision's PIL path within the
-    tensor-vs-PIL difference of torchvision itself (its uint8 grayscale truncates, PIL rounds:
-    ~0.5 in 0-255 units)."""
-    make = lambda: T.Compose([T.Resize(64), T.CenterCrop(64), T.Grayscale(num_output_channels=3), T.ToTensor()])
+    """A transform with neither a DALI nor a batched lowering (a rotation with expand=True: the
+    output size depends on the angle) runs per sample after the graph with torchvision's tensor
+    kernel, on the device, and the user is told; what follows it (Grayscale) runs batched. The
+    result matches torchvision's PIL path within torchvision's own tensor-vs-PIL difference
+    (nearest sampling at pixel centres; uint8 grayscale truncates where PIL rounds: < 1 in 0-255)."""
+    make = lambda: T.Compose([T.Resize(64), T.CenterCrop(64), T.RandomRotation((30, 30), expand=True),
+                              T.Grayscale(num_output_channels=3), T.ToTensor()])
     ds = datasets.ImageFolder(str(photo_folder), transform=make())
-    with pytest.warns(FallbackWarning, match="Grayscale"):
+    with pytest.warns(FallbackWarning, match="RandomRotation") as rec:
         loader = DataLoader(ds, batch_size=16, device="cpu")
+    assert "Grayscale" not in str(rec[0].message)
     assert loader.plan.tail_mode == "tensor"
     text = loader.explain()
-    assert "per sample with torchvision" in text and "Grayscale" in text and "crop_mirror_normalize" in text
+    assert "per sample  RandomRotation" in text and "batched     Grayscale" in text and "crop_mirror_normalize" in text
     got = torch.cat([x for x, _ in loader])
     ref_ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=make())
     ref = torch.stack([ref_ds[i][0] for i in range(len(ref_ds))])
-    assert got.dtype == ref.dtype == torch.float32
+    assert got.dtype == ref.dtype == torch.float32 and got.shape == ref.shape
     assert ((got - ref).abs() * 255).mean() < 1.0
 
 

@@ -189,14 +189,14 @@ def test_color_jitter_batched_is_torchvisions_per_sample(photo_folder, dtype):
     same order) and torchvision's tensor arithmetic, so the result equals torchvision applied to
     each sample in turn, up to float rounding (a uint8 value may differ by 1 where a blend lands
     on .0)."""
-    from gputransforms.compiler.persample import color_jitter_batched
+    from gputransforms.compiler import batched
 
     x = theirs(photo_folder, T.Compose(BASE + [T.PILToTensor()]))
     if dtype == torch.float32:
         x = x.float() / 255
     t = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
     torch.manual_seed(5)
-    got = color_jitter_batched(t, x)
+    got = batched.lower(t)(x)
     torch.manual_seed(5)
     ref = torch.stack([t(img) for img in x])
     assert got.dtype == ref.dtype and not torch.equal(got, x)

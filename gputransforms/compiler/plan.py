@@ -7,7 +7,8 @@ Three layers, one direction:
   2. ``plan()`` -- walks the ops and emits ``Step``s, the operations of the DALI graph, fusing as it
      goes (RandomResizedCrop into decode; crop + flip + ToTensor/dtype + Normalize + HWC->CHW into
      one crop_mirror_normalize).
-  3. ``compiler.dali`` turns steps into DALI operators; ``compiler.persample`` runs the tail.
+  3. ``compiler.dali`` turns steps into DALI operators; ``compiler.tail`` runs the rest after the graph
+     (``compiler.batched`` on whole batches where it can, else per sample).
 """
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ class Plan:
     output: str  # "tensor" (CHW) or "image" (HWC uint8, what PIL would hold)
     out_dtype: torch.dtype
     compiled: bool  # False: the graph would only decode; the whole chain runs with torchvision
-    # "tensor": the tail runs torchvision's tensor kernels on each sample where the batch is (the
-    # GPU); "pil": it starts on PIL images, because a callable in it expects one
+    # "tensor": the tail runs on the batch where it is (the GPU), batched or per sample with
+    # torchvision's tensor kernels; "pil": it starts on PIL images, because a callable expects one
     tail_mode: str = "pil"
 
     def explain(self, device: str = "cpu") -> str:
@@ -77,12 +78,17 @@ class Plan:
                 text += f"  [{s.note}]"
             lines.append(text)
         if self.tail:
-            where = (f"on {device} tensors, torchvision's tensor kernels" if self.tail_mode == "tensor"
-                     else "on PIL images")
-            lines.append(f"per sample with torchvision ({where}; slower than the graph):")
-            lines.append(f"  reason: {self.tail_reason}")
-            for t in self.tail:
-                lines.append(f"  torchvision  {_short(t)}")
+            from .tail import stages
+
+            if self.tail_mode == "tensor":
+                lines.append(f"after the graph, on the {device} batch (graph ends at: {self.tail_reason}):")
+            else:
+                lines.append(f"after the graph, per sample on PIL images (a callable before ToTensor expects "
+                             f"one; graph ends at: {self.tail_reason}):")
+            labels = {"batched": "batched    ", "per sample": "per sample ", "conversion": "conversion ",
+                      "pil": "per sample "}
+            for t, _, stage in stages(self):
+                lines.append(f"  {labels[stage]} {_short(t)}")
         return "\n".join(lines)
 
 
@@ -249,6 +255,10 @@ _CONTAINERS = (tv1.RandomApply, tv1.RandomChoice, tv1.RandomOrder, tv1.Compose, 
 TO_TENSOR = (tv1.ToTensor, tv2.ToTensor, tv1.PILToTensor, tv2.PILToTensor, tv2.ToImage)
 
 
+_GRID_TRANSFORMS = (tv1.RandomRotation, tv1.RandomAffine, tv1.RandomPerspective, tv2.RandomRotation,
+                    tv2.RandomAffine, tv2.RandomPerspective)
+
+
 def tensor_capable(t) -> bool:
     if isinstance(t, _CONTAINERS):
         return all(tensor_capable(c) for c in t.transforms)
@@ -256,6 +266,9 @@ def tensor_capable(t) -> bool:
         return not isinstance(t, _NOT_TENSOR)
     if isinstance(t, tv1.Pad) and not isinstance(t.fill, (int, float)):
         return False  # v1's tensor pad takes one number as fill; PIL's takes a colour
+    if isinstance(t, _GRID_TRANSFORMS) and _compat.interpolation_mode(t.interpolation) not in (
+            InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        return False  # torchvision's tensor warps take nearest and bilinear only; PIL's take more
     return isinstance(t, TENSOR_CAPABLE_V1)
 
 

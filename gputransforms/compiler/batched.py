@@ -1,0 +1,480 @@
+"""The batched stage: transforms with no DALI operator, run after the graph on the whole batch where
+it is (the GPU), with torchvision's meaning.
+
+Every entry draws its parameters per sample with torchvision's own code -- the transform's
+``get_params`` (v1) or ``make_params`` (v2), preceded by the same coin flip, called sample after
+sample exactly as N calls of ``forward`` would call them -- and then applies all N parameter sets
+at once:
+
+- random-p ops (invert, posterize, solarize, sharpness, autocontrast, equalize, grayscale, flips):
+  torchvision's functional kernel, which takes a batch, on the rows whose coin came up;
+- deterministic ones (Grayscale, Pad, Resize, CenterCrop, Normalize, dtype conversions): the
+  transform itself, whose tensor kernel takes (..., C, H, W);
+- ColorJitter: each of the four adjustments on the rows whose random order puts it there, with
+  torchvision's tensor arithmetic and one factor per row;
+- GaussianBlur: one grouped convolution with a kernel per sample (kornia's filter2d_separable,
+  reflect border like torchvision's);
+- RandomRotation / RandomAffine / RandomPerspective: torchvision's inverse matrices / perspective
+  coefficients per sample, one sampling grid per sample built the way torchvision builds its one
+  grid, then a single grid_sample through torchvision's own ``_apply_grid_transform`` (fill too);
+- RandomErasing (torchvision's, and timm's which takes batches itself): one mask for the batch;
+- RandomApply / RandomChoice / RandomOrder: the coin / choice / order per sample, then the member
+  transforms (batched themselves) on the rows that drew them.
+
+Given the same global RNG state, the result equals torchvision applied to each sample in turn,
+up to float rounding (tests/test_batched.py), except inside the three containers, where the
+members draw their parameters after all the coins (same distribution, another order of draws).
+
+``lower(t)`` returns the batched function or None; None sends ``t`` to the per-sample stage.
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable, Optional
+
+import torch
+import torchvision.transforms as tv1
+import torchvision.transforms.functional as F1
+from torchvision.transforms import v2 as tv2
+from torchvision.transforms.v2 import functional as F2
+
+from .. import _compat
+
+Batched = Callable[[torch.Tensor], torch.Tensor]
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+def _coin_v1(p: float) -> bool:
+    return torch.rand(1).item() < p  # v1: ``if torch.rand(1) < self.p: <apply>``
+
+
+def _coin_v2(p: float) -> bool:
+    return not bool(torch.rand(1) >= p)  # v2 _RandomApplyTransform: ``if torch.rand(1) >= self.p: return``
+
+
+def _on_rows(x: torch.Tensor, rows: list, fn: Batched) -> torch.Tensor:
+    """``fn`` applied to the rows ``rows`` of ``x`` (the others unchanged)."""
+    if not rows:
+        return x
+    if len(rows) == x.shape[0]:
+        return fn(x)
+    idx = torch.tensor(rows, device=x.device)
+    out = x.clone()
+    out[idx] = fn(x[idx]).to(x.dtype)
+    return out
+
+
+def _is_v2(t) -> bool:
+    return isinstance(t, tv2.Transform)
+
+
+def _interp_mode(t) -> Optional[str]:
+    """grid_sample's mode for the transform's interpolation; None when torchvision's tensor kernels
+    have none (they raise; such chains run on PIL images, see plan.tensor_capable)."""
+    mode = _compat.interpolation_mode(t.interpolation).value
+    return mode if mode in ("nearest", "bilinear") else None
+
+
+# --- colour ---------------------------------------------------------------------------------------
+
+def _random_p(kernel: Callable[[object, torch.Tensor], torch.Tensor]):
+    """A transform that applies a deterministic functional kernel with probability p."""
+    def build(t) -> Batched:
+        coin = _coin_v2 if _is_v2(t) else _coin_v1
+
+        def run(x):
+            rows = [i for i in range(x.shape[0]) if coin(t.p)]
+            return _on_rows(x, rows, lambda y: kernel(t, y))
+        return run
+    return build
+
+
+def _deterministic(t) -> Batched:
+    return t  # torchvision's tensor kernels of these take (..., C, H, W) with one set of parameters
+
+
+def _color_jitter(t) -> Batched:
+    if _is_v2(t):
+        def params(x, i):
+            p = _compat.make_params(t, x[i])
+            return (p["fn_idx"], p["brightness_factor"], p["contrast_factor"], p["saturation_factor"],
+                    p["hue_factor"])
+    else:
+        def params(x, i):
+            return t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+    return lambda x: color_jitter(x, [params(x, i) for i in range(x.shape[0])], v2=_is_v2(t))
+
+
+def color_jitter(x: torch.Tensor, params: list, v2: bool = False) -> torch.Tensor:
+    """ColorJitter on a (N,3,H,W) batch, one (fn_idx, brightness, contrast, saturation, hue)
+    per sample (torchvision's get_params tuple): each of the four steps is applied to the rows
+    whose random order puts that adjustment there, with torchvision's tensor arithmetic (blend,
+    truncated grayscale, HSV; v1's or v2's HSV round trip)."""
+    gray, hue, convert, max_value = _compat.tensor_color_kernels(v2)
+    x = x.clone()
+    bound = max_value(x.dtype)
+
+    def blend(a, b, ratio):  # v1's ``ratio*a + (1-ratio)*b``; v2's ``a.mul(ratio).add_(b, alpha=1-ratio)``
+        if v2:  # (addcmul rounds like add with alpha, a fused multiply-add)
+            return a.mul(ratio).addcmul_(b, 1.0 - ratio).clamp_(0, bound).to(a.dtype)
+        return (ratio * a + (1.0 - ratio) * b).clamp(0, bound).to(a.dtype)
+
+    for step in range(4):
+        for adj in range(4):
+            rows = [i for i, p in enumerate(params) if int(p[0][step]) == adj and p[1 + adj] is not None]
+            if not rows:
+                continue
+            idx = torch.tensor(rows, device=x.device)
+            f = torch.tensor([params[i][1 + adj] for i in rows], dtype=torch.float32, device=x.device)[:, None, None, None]
+            img = x[idx]
+            if adj == 0:
+                img = blend(img, torch.zeros_like(img), f)
+            elif adj == 1:
+                mean = gray(img).to(torch.float32).mean(dim=(-3, -2, -1), keepdim=True)
+                img = blend(img, mean, f)
+            elif adj == 2:
+                img = blend(img, gray(img), f)
+            else:
+                img = convert(hue(convert(img, torch.float32), f[:, 0]), x.dtype)
+            x[idx] = img
+    return x
+
+
+# --- blur -----------------------------------------------------------------------------------------
+
+def _gaussian_kernels(size: int, sigmas: torch.Tensor) -> torch.Tensor:
+    """torchvision's 1-D Gaussian (v2's formula) for each sigma: (N, size)."""
+    lim = (size - 1) / (2.0 * 2.0 ** 0.5)
+    xs = torch.linspace(-lim, lim, steps=size, dtype=sigmas.dtype, device=sigmas.device)
+    return torch.softmax(-(xs[None, :] / sigmas[:, None]).pow(2), dim=1)
+
+
+def gaussian_blur(x: torch.Tensor, kernel_size, sigmas: list) -> torch.Tensor:
+    """torchvision's gaussian_blur with one (sigma_x, sigma_y) per sample: reflect border, float
+    arithmetic, rounded back to an integer dtype."""
+    from kornia.filters import filter2d_separable
+
+    kx, ky = kernel_size
+    fp = x.is_floating_point()
+    dtype = x.dtype if fp else torch.float32
+    s = torch.tensor(sigmas, dtype=dtype, device=x.device).reshape(-1, 2)
+    out = filter2d_separable(x.to(dtype), _gaussian_kernels(kx, s[:, 0]), _gaussian_kernels(ky, s[:, 1]),
+                             border_type="reflect")
+    return out if fp else out.round_().to(x.dtype)
+
+
+def _gaussian_blur(t) -> Batched:
+    ks = list(t.kernel_size)
+    if _is_v2(t):
+        def sigma(x, i):
+            return _compat.make_params(t, x[i])["sigma"]
+    else:
+        def sigma(x, i):
+            s = t.get_params(t.sigma[0], t.sigma[1])
+            return [s, s]
+    return lambda x: gaussian_blur(x, ks, [sigma(x, i) for i in range(x.shape[0])])
+
+
+# --- geometry -------------------------------------------------------------------------------------
+
+def _base_grid(oh: int, ow: int, offset: float, dtype, device) -> torch.Tensor:
+    """torchvision's (1, oh*ow, 3) homogeneous pixel grid: affine grids are centred (offset
+    (1-ow)/2), perspective ones start at 0.5."""
+    if offset is None:
+        xs = torch.linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, steps=ow, device=device, dtype=dtype)
+        ys = torch.linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, steps=oh, device=device, dtype=dtype)
+    else:
+        xs = torch.linspace(offset, ow + offset - 1.0, steps=ow, device=device, dtype=dtype)
+        ys = torch.linspace(offset, oh + offset - 1.0, steps=oh, device=device, dtype=dtype)
+    base = torch.empty(1, oh, ow, 3, dtype=dtype, device=device)
+    base[..., 0].copy_(xs)
+    base[..., 1].copy_(ys[:, None])
+    base[..., 2].fill_(1)
+    return base.view(1, oh * ow, 3)
+
+
+def affine_grids(matrices: list, w: int, h: int, dtype, device) -> torch.Tensor:
+    """torchvision's _affine_grid for N inverse matrices at once: (N, h, w, 2)."""
+    theta = torch.tensor(matrices, dtype=dtype, device=device).reshape(-1, 2, 3)
+    scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=dtype, device=device)
+    return _base_grid(h, w, None, dtype, device).matmul(scaled).view(-1, h, w, 2)
+
+
+def perspective_grids(coeffs: list, w: int, h: int, dtype, device) -> torch.Tensor:
+    """torchvision's _perspective_grid for N coefficient sets at once: (N, h, w, 2)."""
+    c = torch.tensor(coeffs, dtype=dtype, device=device).reshape(-1, 8)
+    ones = torch.ones_like(c[:, 0])
+    theta1 = torch.stack([c[:, 0:3], c[:, 3:6]], dim=1)
+    row2 = torch.stack([c[:, 6], c[:, 7], ones], dim=1)
+    theta2 = torch.stack([row2, row2], dim=1)
+    base = _base_grid(h, w, 0.5, dtype, device)
+    g1 = base.matmul(theta1.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=dtype, device=device))
+    g2 = base.matmul(theta2.transpose(1, 2))
+    return (g1 / g2 - 1.0).view(-1, h, w, 2)
+
+
+def _fill_for_tensors(t, channels: int):
+    """The fill torchvision's forward passes to the tensor kernel: v1 turns a number into one per
+    channel; v2 looks the fill up for plain tensors (None: no fill mask)."""
+    if _is_v2(t):
+        return _compat.v2_tensor_fill(t)
+    fill = t.fill
+    return [float(fill)] * channels if isinstance(fill, (int, float)) else [float(f) for f in fill]
+
+
+def _warp(t, kind: str, draw) -> Optional[Batched]:
+    """A geometric transform as one grid_sample. ``draw(x, i)`` returns the sample's inverse affine
+    matrix (kind "affine") or perspective coefficients (kind "perspective"), or None (unchanged)."""
+    mode = _interp_mode(t)
+    if mode is None:
+        return None
+    apply_grid = _compat.apply_grid_transform()
+
+    def run(x):
+        n, c, h, w = x.shape
+        params = [draw(x, i) for i in range(n)]
+        rows = [i for i, p in enumerate(params) if p is not None]
+        if not rows:
+            return x
+        dtype = x.dtype if x.is_floating_point() else torch.float32
+        make = affine_grids if kind == "affine" else perspective_grids
+        grids = make([params[i] for i in rows], w, h, dtype, x.device)
+        fill = _fill_for_tensors(t, c)
+        return _on_rows(x, rows, lambda y: apply_grid(y, grids, mode, fill))
+    return run
+
+
+def _center(t, w: int, h: int) -> list:
+    return [0.0, 0.0] if t.center is None else [float(c) - s * 0.5 for c, s in zip(t.center, (w, h))]
+
+
+def _random_rotation(t) -> Optional[Batched]:
+    if t.expand:
+        return None  # the output size depends on the angle: samples no longer stack
+    inverse = _compat.inverse_affine_matrix()
+
+    def draw(x, i):
+        h, w = x.shape[-2:]
+        if _is_v2(t):
+            angle = _compat.make_params(t, x[i])["angle"] % 360
+        else:
+            angle = t.get_params(t.degrees)
+        return inverse(_center(t, w, h), -angle, [0.0, 0.0], 1.0, [0.0, 0.0])
+    return _warp(t, "affine", draw)
+
+
+def _random_affine(t) -> Optional[Batched]:
+    inverse = _compat.inverse_affine_matrix()
+
+    def draw(x, i):
+        h, w = x.shape[-2:]
+        if _is_v2(t):
+            p = _compat.make_params(t, x[i])
+            angle, translate, scale, shear = p["angle"], p["translate"], p["scale"], p["shear"]
+        else:
+            angle, translate, scale, shear = t.get_params(t.degrees, t.translate, t.scale, t.shear, [w, h])
+        return inverse(_center(t, w, h), float(angle), [float(v) for v in translate], scale, list(shear))
+    return _warp(t, "affine", draw)
+
+
+def _random_perspective(t) -> Optional[Batched]:
+    def draw(x, i):
+        h, w = x.shape[-2:]
+        if _is_v2(t):
+            return _compat.make_params(t, x[i])["coefficients"] if _coin_v2(t.p) else None
+        if not _coin_v1(t.p):
+            return None
+        start, end = t.get_params(w, h, t.distortion_scale)
+        return _compat.perspective_coefficients(start, end)
+    return _warp(t, "perspective", draw)
+
+
+# --- erasing --------------------------------------------------------------------------------------
+
+def _erasing_value(t, channels: int):
+    """v1's forward turns ``value`` into what get_params takes (None: random normal pixels)."""
+    value = t.value
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, str):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    return value
+
+
+def erase(x: torch.Tensor, boxes: list) -> torch.Tensor:
+    """torchvision's erase for one (i, j, h, w, v) or None per sample. A per-channel v (C,1,1) is
+    written through one mask; random-pixel patches (C,h,w) are copied in one by one."""
+    n, c, height, width = x.shape
+    const = [(k, b) for k, b in enumerate(boxes) if b is not None and b[4].shape[-2:] == (1, 1)]
+    pixels = [(k, b) for k, b in enumerate(boxes) if b is not None and b[4].shape[-2:] != (1, 1)]
+    if not const and not pixels:
+        return x
+    x = x.clone()
+    if const:
+        dev = x.device
+        rows = torch.tensor([k for k, _ in const], device=dev)
+        box = torch.tensor([b[:4] for _, b in const], device=dev)  # i, j, h, w
+        ys = torch.arange(height, device=dev)[None, :, None]
+        xs = torch.arange(width, device=dev)[None, None, :]
+        i, j, h, w = (box[:, k, None, None] for k in range(4))
+        mask = ((ys >= i) & (ys < i + h) & (xs >= j) & (xs < j + w))[:, None]
+        values = torch.stack([b[4].reshape(-1).expand(c) for _, b in const]).to(dev)[:, :, None, None]
+        x[rows] = torch.where(mask, values.to(x.dtype), x[rows])
+    for k, (i, j, h, w, v) in pixels:
+        x[k, :, i:i + h, j:j + w] = v.to(x.device, non_blocking=True)
+    return x
+
+
+def _random_erasing(t) -> Batched:
+    def draw(x, i):
+        if _is_v2(t):
+            if not _coin_v2(t.p):
+                return None
+            p = _compat.make_params(t, x[i])
+            return None if p["v"] is None else (p["i"], p["j"], p["h"], p["w"], p["v"])
+        if not _coin_v1(t.p):
+            return None
+        value = _erasing_value(t, x.shape[1])
+        if value is not None and len(value) not in (1, x.shape[1]):
+            raise ValueError("If value is a sequence, it should have either a single value or "
+                             f"{x.shape[1]} (number of input channels)")
+        i0, j0, h, w, v = t.get_params(x[i], scale=t.scale, ratio=t.ratio, value=value)
+        # after 10 failed draws get_params returns the whole image as its own value (no change);
+        # a drawn box is always smaller than the image
+        return None if (h, w) == tuple(x.shape[-2:]) else (i0, j0, h, w, v)
+    return lambda x: erase(x, [draw(x, i) for i in range(x.shape[0])])
+
+
+def _timm_random_erasing(t) -> Batched:
+    return t  # timm's RandomErasing takes (N,C,H,W) itself, erasing each sample independently
+
+
+# --- containers -----------------------------------------------------------------------------------
+
+def sequence(transforms) -> Optional[Batched]:
+    """A list of transforms, each batched, or None if one of them is not."""
+    fns = [lower(t) for t in transforms]
+    if any(f is None for f in fns):
+        return None
+
+    def run(x):
+        for f in fns:
+            x = f(x)
+        return x
+    return run
+
+
+def _random_apply(t) -> Optional[Batched]:
+    inner = sequence(t.transforms)
+    if inner is None:
+        return None
+    # v1: ``if self.p < torch.rand(1): return img``; v2: ``if torch.rand(1) >= self.p: return``
+    coin = _coin_v2 if _is_v2(t) else (lambda p: not bool(p < torch.rand(1)))
+    return lambda x: _on_rows(x, [i for i in range(x.shape[0]) if coin(t.p)], inner)
+
+
+def _grouped(x: torch.Tensor, keys: list, run_for_key) -> torch.Tensor:
+    for key in dict.fromkeys(keys):
+        x = _on_rows(x, [i for i, k in enumerate(keys) if k == key], run_for_key(key))
+    return x
+
+
+def _random_choice(t) -> Optional[Batched]:
+    fns = [lower(m) for m in t.transforms]
+    if any(f is None for f in fns):
+        return None
+    if _is_v2(t):
+        def choose():
+            return int(torch.multinomial(torch.tensor(t.p), 1))
+    else:
+        def choose():
+            return random.choices(range(len(fns)), weights=t.p)[0]
+    return lambda x: _grouped(x, [choose() for _ in range(x.shape[0])], lambda k: fns[k])
+
+
+def _random_order(t) -> Optional[Batched]:
+    fns = [lower(m) for m in t.transforms]
+    if any(f is None for f in fns):
+        return None
+
+    def order():
+        if _is_v2(t):
+            return tuple(int(k) for k in torch.randperm(len(fns)))
+        o = list(range(len(fns)))
+        random.shuffle(o)
+        return tuple(o)
+
+    def in_order(key):
+        def run(y):
+            for k in key:
+                y = fns[k](y)
+            return y
+        return run
+    return lambda x: _grouped(x, [order() for _ in range(x.shape[0])], in_order)
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+_TABLE: dict = {
+    tv1.ColorJitter: _color_jitter, tv2.ColorJitter: _color_jitter,
+    tv1.GaussianBlur: _gaussian_blur, tv2.GaussianBlur: _gaussian_blur,
+    tv1.RandomRotation: _random_rotation, tv2.RandomRotation: _random_rotation,
+    tv1.RandomAffine: _random_affine, tv2.RandomAffine: _random_affine,
+    tv1.RandomPerspective: _random_perspective, tv2.RandomPerspective: _random_perspective,
+    tv1.RandomErasing: _random_erasing, tv2.RandomErasing: _random_erasing,
+    tv1.RandomApply: _random_apply, tv2.RandomApply: _random_apply,
+    tv1.RandomChoice: _random_choice, tv2.RandomChoice: _random_choice,
+    tv1.RandomOrder: _random_order, tv2.RandomOrder: _random_order,
+    tv1.Compose: lambda t: sequence(t.transforms), tv2.Compose: lambda t: sequence(t.transforms),
+    tv1.Grayscale: _deterministic, tv2.Grayscale: _deterministic,
+    tv1.Pad: _deterministic, tv2.Pad: _deterministic,
+    tv1.Resize: _deterministic, tv2.Resize: _deterministic,
+    tv1.CenterCrop: _deterministic, tv2.CenterCrop: _deterministic,
+    tv1.RandomHorizontalFlip: _random_p(lambda t, y: F1.hflip(y)),
+    tv2.RandomHorizontalFlip: _random_p(lambda t, y: F2.horizontal_flip(y)),
+    tv1.RandomVerticalFlip: _random_p(lambda t, y: F1.vflip(y)),
+    tv2.RandomVerticalFlip: _random_p(lambda t, y: F2.vertical_flip(y)),
+    tv1.Normalize: _deterministic, tv2.Normalize: _deterministic,
+    tv1.ConvertImageDtype: _deterministic, tv2.ConvertImageDtype: _deterministic, tv2.ToDtype: _deterministic,
+    tv1.RandomInvert: _random_p(lambda t, y: F1.invert(y)),
+    tv2.RandomInvert: _random_p(lambda t, y: F2.invert(y)),
+    tv1.RandomPosterize: _random_p(lambda t, y: F1.posterize(y, t.bits)),
+    tv2.RandomPosterize: _random_p(lambda t, y: F2.posterize(y, t.bits)),
+    tv1.RandomSolarize: _random_p(lambda t, y: F1.solarize(y, t.threshold)),
+    tv2.RandomSolarize: _random_p(lambda t, y: F2.solarize(y, t.threshold)),
+    tv1.RandomAdjustSharpness: _random_p(lambda t, y: F1.adjust_sharpness(y, t.sharpness_factor)),
+    tv2.RandomAdjustSharpness: _random_p(lambda t, y: F2.adjust_sharpness(y, t.sharpness_factor)),
+    tv1.RandomAutocontrast: _random_p(lambda t, y: F1.autocontrast(y)),
+    tv2.RandomAutocontrast: _random_p(lambda t, y: F2.autocontrast(y)),
+    tv1.RandomEqualize: _random_p(lambda t, y: F1.equalize(y)),
+    tv2.RandomEqualize: _random_p(lambda t, y: F2.equalize(y)),
+    tv1.RandomGrayscale: _random_p(lambda t, y: F1.rgb_to_grayscale(y, y.shape[-3])),
+    tv2.RandomGrayscale: _random_p(lambda t, y: F2.rgb_to_grayscale(y, y.shape[-3])),
+}
+
+#: the methods that carry a transform's behaviour; a subclass overriding one is the user's own
+#: transform and runs per sample
+_BEHAVIOUR = ("forward", "__call__", "get_params", "make_params", "transform", "_transform")
+
+
+def _timm_table() -> dict:
+    try:
+        from timm.data.random_erasing import RandomErasing
+    except ImportError:
+        return {}
+    return {RandomErasing: _timm_random_erasing}
+
+
+def lower(t) -> Optional[Batched]:
+    """``t`` as a function of a (N,C,H,W) batch with torchvision's per-sample meaning, or None."""
+    table = _TABLE if "timm" not in type(t).__module__ else {**_TABLE, **_timm_table()}
+    for cls in type(t).__mro__:
+        build = table.get(cls)
+        if build is not None:
+            if any(getattr(type(t), m, None) is not getattr(cls, m, None) for m in _BEHAVIOUR):
+                return None
+            return build(t)
+    return None

@@ -1,0 +1,90 @@
+"""After the graph: the transforms the planner could not lower to DALI, run on what the graph
+handed over.
+
+- tail_mode "tensor": the batch stays where it is (the GPU). Each transform runs in the batched
+  stage when ``batched.lower`` has it (torchvision's per-sample parameters, one batched kernel),
+  else per sample with torchvision's own tensor kernels; consecutive per-sample transforms share
+  one pass over the samples. Before the chain's ToTensor a sample is a uint8 CHW tensor standing in
+  for the PIL image, so ToTensor means "scale to float" and PILToTensor/ToImage nothing.
+- tail_mode "pil": a callable in the tail expects the PIL image torchvision would give it, so each
+  sample is moved to the CPU and becomes one.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torchvision.transforms as tv1
+from PIL import Image
+from torch.utils.data import default_collate
+from torchvision.transforms import v2 as tv2
+from torchvision.transforms.v2 import functional as F2
+
+from . import batched
+from .plan import Plan, TO_TENSOR
+
+
+def _scale_to_float(x: torch.Tensor) -> torch.Tensor:
+    return F2.to_dtype(x, torch.float32, scale=True)
+
+
+def on_stand_in(t) -> Optional[Callable]:
+    """What ``t`` means for a uint8 CHW tensor standing in for a PIL image (None: nothing)."""
+    if isinstance(t, (tv1.ToTensor, tv2.ToTensor)):
+        return _scale_to_float
+    if isinstance(t, TO_TENSOR):
+        return None
+    return t
+
+
+def stages(plan: Plan) -> list:
+    """(transform, function of the batch or None, stage) for each tail transform, in order;
+    stage is "batched", "per sample", "conversion" (a ToTensor on the stand-in) or "pil"."""
+    out = []
+    for t in plan.tail:
+        if plan.tail_mode != "tensor":
+            out.append((t, None, "pil"))
+            continue
+        fn = on_stand_in(t)
+        if fn is None or fn is _scale_to_float:
+            out.append((t, fn, "conversion"))
+            continue
+        b = batched.lower(fn)
+        out.append((t, b, "batched") if b is not None else (t, fn, "per sample"))
+    return out
+
+
+def run_tail(images, plan: Plan, device: torch.device, compiled: Optional[list] = None) -> torch.Tensor:
+    """``images``: the graph's output batch as a tensor (N,...) or a list of per-sample tensors.
+    ``compiled``: ``stages(plan)``, computed once by the caller."""
+    if plan.tail_mode == "tensor":
+        batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
+        pending: list = []  # consecutive per-sample transforms, applied in one pass over the samples
+
+        def flush(batch):
+            if pending:
+                out = []
+                for img in batch:
+                    for t in pending:
+                        img = t(img)
+                    out.append(torch.as_tensor(img))
+                batch = torch.stack(out)
+                pending.clear()
+            return batch
+
+        for _, fn, stage in compiled if compiled is not None else stages(plan):
+            if fn is None:
+                continue
+            if stage == "per sample":
+                pending.append(fn)
+            else:
+                batch = fn(flush(batch))
+        return flush(batch).as_subclass(torch.Tensor)
+    samples = []
+    for img in images:
+        if plan.output == "image":
+            img = Image.fromarray(img.cpu().numpy())
+        for t in plan.tail:
+            img = t(img)
+        samples.append(img)
+    return default_collate(samples).to(device)

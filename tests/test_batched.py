@@ -1,0 +1,120 @@
+"""The batched stage (compiler/batched.py) against torchvision applied to each sample in turn.
+
+Each batched transform draws its parameters with torchvision's own get_params/make_params, sample
+after sample, so from the same RNG seed it must produce torchvision's result for every sample, not
+just the same distribution. Tolerance: a uint8 value may differ by 1 where torchvision's float
+arithmetic and ours (batched matmul / separable convolution instead of per-image ones) land on
+either side of a rounding boundary; the mean difference must stay under 0.01 (0-255 units).
+The containers (RandomApply/Choice/Order) draw members' parameters after all coins, so they are
+compared by distribution in test_recipes.py.
+"""
+import pytest
+import torch
+import torchvision
+from torchvision.transforms import v2
+
+from gputransforms import DataLoader, datasets, plan
+from gputransforms import transforms as T
+from gputransforms.compiler import batched, tail
+
+from conftest import DEVICES
+
+EXACT = {
+    "ColorJitter": lambda m: m.ColorJitter(0.4, 0.4, 0.4, 0.1),
+    "GaussianBlur": lambda m: m.GaussianBlur(9, sigma=(0.1, 3.0)),
+    "GaussianBlur (kx, ky)": lambda m: m.GaussianBlur((3, 7), sigma=(0.5, 2.0)),
+    "RandomRotation": lambda m: m.RandomRotation(30),
+    "RandomRotation bilinear fill centre": lambda m: m.RandomRotation(
+        20, interpolation=T.InterpolationMode.BILINEAR, fill=(10, 200, 30), center=(10, 20)),
+    "RandomAffine": lambda m: m.RandomAffine(15, translate=(0.1, 0.1), scale=(0.8, 1.2), shear=(-5, 5, -5, 5)),
+    "RandomPerspective": lambda m: m.RandomPerspective(0.4, p=0.7),
+    "RandomErasing": lambda m: m.RandomErasing(p=0.7),
+    "RandomErasing random pixels": lambda m: m.RandomErasing(p=0.7, value="random"),
+    "RandomErasing colour": lambda m: m.RandomErasing(p=0.7, value=(0.1, 0.5, 0.9), scale=(0.1, 0.5)),
+    "RandomInvert": lambda m: m.RandomInvert(),
+    "RandomPosterize": lambda m: m.RandomPosterize(3),
+    "RandomSolarize": lambda m: m.RandomSolarize(100),
+    "RandomAdjustSharpness": lambda m: m.RandomAdjustSharpness(3),
+    "RandomAutocontrast": lambda m: m.RandomAutocontrast(),
+    "RandomEqualize": lambda m: m.RandomEqualize(),
+    "RandomGrayscale": lambda m: m.RandomGrayscale(0.5),
+    "Grayscale": lambda m: m.Grayscale(3),
+    "RandomHorizontalFlip": lambda m: m.RandomHorizontalFlip(),
+    "RandomVerticalFlip": lambda m: m.RandomVerticalFlip(0.3),
+    "Pad reflect": lambda m: m.Pad((3, 5), padding_mode="reflect"),
+    "Resize": lambda m: m.Resize(50),
+    "CenterCrop": lambda m: m.CenterCrop((40, 70)),
+}
+UINT8_ONLY = {"RandomPosterize", "RandomEqualize", "RandomSolarize"}  # uint8 kernels; threshold in uint8 units
+
+
+@pytest.fixture(scope="module")
+def photos(photo_folder):
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((72, 88)),
+                                                                                   T.PILToTensor()]))
+    return torch.stack([ds[i][0] for i in range(24)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32], ids=["uint8", "float"])
+@pytest.mark.parametrize("api", ["v1", "v2"])
+@pytest.mark.parametrize("name", list(EXACT))
+def test_batched_equals_torchvision_per_sample(photos, name, api, dtype, device):
+    if dtype == torch.float32 and name in UINT8_ONLY:
+        pytest.skip("uint8 only in torchvision")
+    t = EXACT[name](T if api == "v1" else v2)
+    x = photos.to("cuda" if device == "gpu" else "cpu")
+    x = x if dtype == torch.uint8 else x.float() / 255
+    fn = batched.lower(t)
+    assert fn is not None, f"{name} should have a batched lowering"
+    torch.manual_seed(11)
+    got = fn(x)
+    torch.manual_seed(11)
+    ref = torch.stack([t(img) for img in x])
+    assert got.shape == ref.shape and got.dtype == ref.dtype and got.device == ref.device
+    d = (got.double() - ref.double()).abs() * (255 if dtype == torch.float32 else 1)
+    changed = (ref.shape != x.shape or (ref.double() - x.double()).abs().flatten(1).amax(1) > 0)
+    assert torch.as_tensor(changed).any(), "the draw changed no sample: the comparison would prove nothing"
+    assert d.mean() < 0.01 and d.max() <= 1.0 + 1e-3, (d.mean().item(), d.max().item())
+
+
+def test_rotation_expand_and_user_subclasses_stay_per_sample():
+    class MyJitter(T.ColorJitter):
+        def forward(self, img):
+            return super().forward(img) * 0.5
+
+    assert batched.lower(T.RandomRotation(10, expand=True)) is None
+    assert batched.lower(MyJitter(0.4)) is None
+    assert batched.lower(T.RandomApply([MyJitter(0.4)])) is None
+    assert batched.lower(T.AugMix()) is None
+    assert batched.lower(T.RandomApply([T.ColorJitter(0.4), T.GaussianBlur(3)])) is not None
+
+
+def test_explain_names_the_stage_of_each_transform_after_the_graph():
+    tf = T.Compose([T.RandomResizedCrop(64), T.ToTensor(), T.RandomApply([T.ColorJitter(0.4, 0.4)], p=0.8),
+                    T.GaussianBlur(5), T.AugMix(), T.RandomErasing()])
+    text = plan(tf).explain("gpu")
+    lines = {ln.split()[-1][:12]: ln for ln in text.splitlines()}
+    assert "batched     RandomApply(" in text and "batched     GaussianBlur(" in text
+    assert "per sample  AugMix(" in text and "batched     RandomErasing(" in text
+    assert [s for _, _, s in tail.stages(plan(tf))] == ["batched", "batched", "per sample", "batched"], lines
+
+
+@pytest.mark.filterwarnings("error::gputransforms.FallbackWarning")
+def test_an_all_batched_tail_is_the_fast_path_and_does_not_warn(photo_folder):
+    # a SimCLR-style chain: nothing here runs per sample, so no FallbackWarning
+    tf = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(),
+                    T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(0.2),
+                    T.RandomApply([T.GaussianBlur(5)], p=0.5), T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3)])
+    loader = DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=8, device="cpu")
+    x, y = next(iter(loader))
+    assert x.shape == (8, 3, 48, 48) and x.dtype == torch.float32
+    assert x.min() >= -1 - 1e-6 and x.max() <= 1 + 1e-6
+
+
+def test_per_sample_fallback_warns_once_naming_the_transform(photo_folder):
+    tf = T.Compose([T.Resize((48, 48)), T.AugMix(), T.ToTensor()])
+    with pytest.warns(Warning) as rec:
+        DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=8, device="cpu")
+    msgs = [str(r.message) for r in rec if "per sample" in str(r.message)]
+    assert len(msgs) == 1 and "AugMix" in msgs[0]
