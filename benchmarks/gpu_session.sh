@@ -12,7 +12,7 @@ tests)
   grep -E "^parity\[gpu\]|^odd files \[gpu\]|^soak \[gpu\]|passed|failed" "$OUT/pytest.log" | tail -40
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20 ;;
 bench)
-  python3 -m benchmarks.loader "$DATA" --batch-size 256 --threads 8 --out "$OUT" --chains train,eval,ta_wide \
+  python3 -m benchmarks.loader "$DATA" --batch-size 256 --threads 8 --out "$OUT" --chains ${CHAINS:-train,eval,ta_wide,simclr} \
       --pipelines torchvision,dali-handwritten,dali-experimental-tv,gputransforms,gputransforms-fancy-ups \
       ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   grep -v -i "warning" "$OUT/bench.log" | tail -24 ;;

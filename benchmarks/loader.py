@@ -52,7 +52,17 @@ def ta_wide_tf(T):
                       T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), tv.RandomErasing(p=0.1)])
 
 
-CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf}
+def simclr_tf(T):
+    """A SimCLR/BYOL-style contrastive view: colour jitter with probability 0.8, random grayscale,
+    a random Gaussian blur (kernel 23, ~10% of the crop) with probability 0.5. Everything after the
+    crop and flip runs in gputransforms' batched stage."""
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+                      T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(p=0.2),
+                      T.RandomApply([T.GaussianBlur(23, sigma=(0.1, 2.0))], p=0.5), T.ToTensor(),
+                      T.Normalize(MEAN, STD)])
+
+
+CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf, "simclr": simclr_tf}
 
 
 def _gpu() -> bool:
@@ -181,7 +191,7 @@ def run_dali_handwritten(root, chain, batch_size, threads):
     gpu = _gpu()
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1,
-                  prefetch_queue_depth=2, enable_conditionals=chain == "ta_wide")
+                  prefetch_queue_depth=2, enable_conditionals=chain in ("ta_wide", "simclr"))
     def pipe():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain != "eval", name="reader")
         dev = "mixed" if gpu else "cpu"
@@ -195,6 +205,16 @@ def run_dali_handwritten(root, chain, batch_size, threads):
                 from nvidia.dali.auto_aug.trivial_augment import trivial_augment_wide
 
                 images = trivial_augment_wide(images, fill_value=0)
+            if chain == "simclr":  # DALI's colour and blur ops (fixed jitter order, not torchvision's random one)
+                if fn.random.coin_flip(probability=0.8):
+                    images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                                            contrast=fn.random.uniform(range=[0.6, 1.4]),
+                                            saturation=fn.random.uniform(range=[0.6, 1.4]),
+                                            hue=fn.random.uniform(range=[-36.0, 36.0]))
+                if fn.random.coin_flip(probability=0.2):
+                    images = fn.color_twist(images, saturation=0.0)
+                if fn.random.coin_flip(probability=0.5):
+                    images = fn.gaussian_blur(images, window_size=23, sigma=fn.random.uniform(range=[0.1, 2.0]))
         else:
             images = fn.decoders.image(jpegs, device=dev, output_type=types.RGB, **kw)
             images = fn.resize(images, resize_shorter=256)

@@ -10,13 +10,13 @@ from conftest import ROOT
 def test_loader_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "benchmarks.loader", str(indexed_folder), "--batch-size", "8", "--images", "16",
-           "--workers", "1", "--threads", "1", "--chains", "train,eval",
+           "--workers", "1", "--threads", "1", "--chains", "train,eval,simclr",
            "--pipelines", "torchvision,dali-handwritten,gputransforms", "--out", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((out / "loader.json").read_text())
     rows = {(r["chain"], r["pipeline"]): r for r in report["rows"]}
-    assert set(rows) == {(c, p) for c in ("train", "eval") for p in ("torchvision", "dali-handwritten", "gputransforms")}
+    assert set(rows) == {(c, p) for c in ("train", "eval", "simclr") for p in ("torchvision", "dali-handwritten", "gputransforms")}
     for r in rows.values():
         assert "error" not in r, r
         assert r["img_s"] > 0 and r["ttfb_s"] > 0 and r["shape"][1:] == [3, 224, 224]

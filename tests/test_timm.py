@@ -51,6 +51,20 @@ def test_timm_train_transforms_compile_and_run(photo_folder, device, kw):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_timm_random_erasing_chain_runs_batched(photo_folder, device):
+    tf = timm_data.create_transform(96, is_training=True, re_prob=0.5)
+    p = plan(tf)
+    from gputransforms.compiler.tail import stages
+
+    # timm's default colour jitter (torchvision's ColorJitter), Normalize and its RandomErasing: batched
+    assert [(type(t).__name__, s) for t, _, s in stages(p) if s != "conversion"] == [
+        ("ColorJitter", "batched"), ("Normalize", "batched"), ("RandomErasing", "batched")], p.explain()
+    x, _ = next(iter(DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=32, device=device)))
+    erased = (x == 0).all(1).flatten(1).any(1).float().mean().item()  # timm's const mode writes zeros
+    assert x.shape == (32, 3, 96, 96) and 0.1 < erased < 0.9
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_timm_random_resized_crop_distribution(gradient_folder, device, tmp_path):
     import shutil
 
