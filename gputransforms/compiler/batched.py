@@ -45,6 +45,16 @@ Batched = Callable[[torch.Tensor], torch.Tensor]
 
 # --- helpers --------------------------------------------------------------------------------------
 
+def _dev(data, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Per-sample parameters onto the device without a synchronisation: ``torch.tensor(...,
+    device="cuda")`` waits for the GPU to finish all queued work, which would serialise the Python
+    parameter draws with the kernels of the batch before; a copy from pinned memory does not."""
+    t = torch.as_tensor(data, dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _coin_v1(p: float) -> bool:
     return torch.rand(1).item() < p  # v1: ``if torch.rand(1) < self.p: <apply>``
 
@@ -59,7 +69,7 @@ def _on_rows(x: torch.Tensor, rows: list, fn: Batched) -> torch.Tensor:
         return x
     if len(rows) == x.shape[0]:
         return fn(x)
-    idx = torch.tensor(rows, device=x.device)
+    idx = _dev(rows, x.device)
     out = x.clone()
     out[idx] = fn(x[idx]).to(x.dtype)
     return out
@@ -125,8 +135,8 @@ def color_jitter(x: torch.Tensor, params: list, v2: bool = False) -> torch.Tenso
             rows = [i for i, p in enumerate(params) if int(p[0][step]) == adj and p[1 + adj] is not None]
             if not rows:
                 continue
-            idx = torch.tensor(rows, device=x.device)
-            f = torch.tensor([params[i][1 + adj] for i in rows], dtype=torch.float32, device=x.device)[:, None, None, None]
+            idx = _dev(rows, x.device)
+            f = _dev([params[i][1 + adj] for i in rows], x.device, torch.float32)[:, None, None, None]
             img = x[idx]
             if adj == 0:
                 img = blend(img, torch.zeros_like(img), f)
@@ -158,7 +168,7 @@ def gaussian_blur(x: torch.Tensor, kernel_size, sigmas: list) -> torch.Tensor:
     kx, ky = kernel_size
     fp = x.is_floating_point()
     dtype = x.dtype if fp else torch.float32
-    s = torch.tensor(sigmas, dtype=dtype, device=x.device).reshape(-1, 2)
+    s = _dev(sigmas, x.device, dtype).reshape(-1, 2)
     out = filter2d_separable(x.to(dtype), _gaussian_kernels(kx, s[:, 0]), _gaussian_kernels(ky, s[:, 1]),
                              border_type="reflect")
     return out if fp else out.round_().to(x.dtype)
@@ -196,20 +206,20 @@ def _base_grid(oh: int, ow: int, offset: float, dtype, device) -> torch.Tensor:
 
 def affine_grids(matrices: list, w: int, h: int, dtype, device) -> torch.Tensor:
     """torchvision's _affine_grid for N inverse matrices at once: (N, h, w, 2)."""
-    theta = torch.tensor(matrices, dtype=dtype, device=device).reshape(-1, 2, 3)
-    scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=dtype, device=device)
+    theta = _dev(matrices, device, dtype).reshape(-1, 2, 3)
+    scaled = theta.transpose(1, 2) / _dev([0.5 * w, 0.5 * h], device, dtype)
     return _base_grid(h, w, None, dtype, device).matmul(scaled).view(-1, h, w, 2)
 
 
 def perspective_grids(coeffs: list, w: int, h: int, dtype, device) -> torch.Tensor:
     """torchvision's _perspective_grid for N coefficient sets at once: (N, h, w, 2)."""
-    c = torch.tensor(coeffs, dtype=dtype, device=device).reshape(-1, 8)
+    c = _dev(coeffs, device, dtype).reshape(-1, 8)
     ones = torch.ones_like(c[:, 0])
     theta1 = torch.stack([c[:, 0:3], c[:, 3:6]], dim=1)
     row2 = torch.stack([c[:, 6], c[:, 7], ones], dim=1)
     theta2 = torch.stack([row2, row2], dim=1)
     base = _base_grid(h, w, 0.5, dtype, device)
-    g1 = base.matmul(theta1.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=dtype, device=device))
+    g1 = base.matmul(theta1.transpose(1, 2) / _dev([0.5 * w, 0.5 * h], device, dtype))
     g2 = base.matmul(theta2.transpose(1, 2))
     return (g1 / g2 - 1.0).view(-1, h, w, 2)
 
@@ -315,16 +325,16 @@ def erase(x: torch.Tensor, boxes: list) -> torch.Tensor:
     x = x.clone()
     if const:
         dev = x.device
-        rows = torch.tensor([k for k, _ in const], device=dev)
-        box = torch.tensor([b[:4] for _, b in const], device=dev)  # i, j, h, w
+        rows = _dev([k for k, _ in const], dev)
+        box = _dev([b[:4] for _, b in const], dev)  # i, j, h, w
         ys = torch.arange(height, device=dev)[None, :, None]
         xs = torch.arange(width, device=dev)[None, None, :]
         i, j, h, w = (box[:, k, None, None] for k in range(4))
         mask = ((ys >= i) & (ys < i + h) & (xs >= j) & (xs < j + w))[:, None]
-        values = torch.stack([b[4].reshape(-1).expand(c) for _, b in const]).to(dev)[:, :, None, None]
+        values = _dev(torch.stack([b[4].reshape(-1).expand(c) for _, b in const]), dev)[:, :, None, None]
         x[rows] = torch.where(mask, values.to(x.dtype), x[rows])
     for k, (i, j, h, w, v) in pixels:
-        x[k, :, i:i + h, j:j + w] = v.to(x.device, non_blocking=True)
+        x[k, :, i:i + h, j:j + w] = _dev(v, x.device)
     return x
 
 
