@@ -78,25 +78,17 @@ def auto_augment_policies(transform) -> list:
 
 def tensor_color_kernels(v2: bool = False):
     """torchvision's own batch-capable colour kernels (private in every version we support):
-    grayscale (truncated to the input dtype), a hue shift by one factor per row, dtype conversion
-    and the dtype's maximum. v1 and v2 share the arithmetic but for the grayscale sum and the HSV
-    round trip, whose float rounding differs; each API gets its own."""
+    grayscale (truncated to the input dtype), RGB->HSV, dtype conversion and the dtype's maximum.
+    v1 and v2 share the arithmetic but for the grayscale sum and the HSV conversion, whose float
+    rounding differs; each API gets its own."""
     from torchvision.transforms import _functional_tensor as F_t
 
     if v2:
         from torchvision.transforms.v2.functional import _color as C2
 
-        rgb2hsv, hsv2rgb = C2._rgb_to_hsv, C2._hsv_to_rgb
-        gray = C2._rgb_to_grayscale_image  # (image, 1, preserve_dtype=True): truncated like v1's
-    else:
-        rgb2hsv, hsv2rgb = F_t._rgb2hsv, F_t._hsv2rgb
-        gray = F_t.rgb_to_grayscale
-
-    def hue(img, factors):  # img float in [0, 1], factors (N, 1, 1)
-        h, s, v = rgb2hsv(img).unbind(dim=-3)
-        return hsv2rgb(torch.stack(((h + factors) % 1.0, s, v), dim=-3))
-
-    return gray, hue, F_t.convert_image_dtype, F_t._max_value
+        # (image, 1, preserve_dtype=True): truncated like v1's
+        return C2._rgb_to_grayscale_image, C2._rgb_to_hsv, F_t.convert_image_dtype, F_t._max_value
+    return F_t.rgb_to_grayscale, F_t._rgb2hsv, F_t.convert_image_dtype, F_t._max_value
 
 
 def make_params(transform, sample):

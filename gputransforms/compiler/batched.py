@@ -121,7 +121,7 @@ def color_jitter(x: torch.Tensor, params: list, v2: bool = False) -> torch.Tenso
     per sample (torchvision's get_params tuple): each of the four steps is applied to the rows
     whose random order puts that adjustment there, with torchvision's tensor arithmetic (blend,
     truncated grayscale, HSV; v1's or v2's HSV round trip)."""
-    gray, hue, convert, max_value = _compat.tensor_color_kernels(v2)
+    gray, rgb_to_hsv, convert, max_value = _compat.tensor_color_kernels(v2)
     x = x.clone()
     bound = max_value(x.dtype)
 
@@ -130,9 +130,10 @@ def color_jitter(x: torch.Tensor, params: list, v2: bool = False) -> torch.Tenso
             return a.mul(ratio).addcmul_(b, 1.0 - ratio).clamp_(0, bound).to(a.dtype)
         return (ratio * a + (1.0 - ratio) * b).clamp(0, bound).to(a.dtype)
 
+    orders = [[int(k) for k in p[0]] for p in params]
     for step in range(4):
         for adj in range(4):
-            rows = [i for i, p in enumerate(params) if int(p[0][step]) == adj and p[1 + adj] is not None]
+            rows = [i for i, p in enumerate(params) if orders[i][step] == adj and p[1 + adj] is not None]
             if not rows:
                 continue
             idx = _dev(rows, x.device)
@@ -146,9 +147,38 @@ def color_jitter(x: torch.Tensor, params: list, v2: bool = False) -> torch.Tenso
             elif adj == 2:
                 img = blend(img, gray(img), f)
             else:
-                img = convert(hue(convert(img, torch.float32), f[:, 0]), x.dtype)
+                h, sat, val = rgb_to_hsv(convert(img, torch.float32)).unbind(dim=-3)
+                img = convert(hsv_to_rgb(torch.stack(((h + f[:, 0]) % 1.0, sat, val), dim=-3), v2), x.dtype)
             x[idx] = img
     return x
+
+
+_HSV_SELECT: dict = {}  # device -> which of (v, p, q, t) each of R, G, B is, for each hue sextant
+
+
+def hsv_to_rgb(img: torch.Tensor, v2: bool = False) -> torch.Tensor:
+    """torchvision's HSV->RGB with its own p, q, t arithmetic (v1's or v2's float rounding) and
+    v2's gather for the sextant selection: bit-identical to v1's ``_hsv2rgb``, whose one-hot
+    einsum over 18 stacked planes is 4x slower, and to v2's, whose table is copied from pageable
+    memory on every call."""
+    h, s, v = img.unbind(dim=-3)
+    i = torch.floor(h * 6.0)
+    f = (h * 6.0) - i
+    i = i.to(torch.int64).remainder_(6)
+    if v2:
+        sxf, one_minus_s = s * f, 1.0 - s
+        q = (1.0 - sxf).mul_(v).clamp_(0.0, 1.0)
+        t = sxf.add_(one_minus_s).mul_(v).clamp_(0.0, 1.0)
+        p = one_minus_s.mul_(v).clamp_(0.0, 1.0)
+    else:
+        p = torch.clamp(v * (1.0 - s), 0.0, 1.0)
+        q = torch.clamp(v * (1.0 - s * f), 0.0, 1.0)
+        t = torch.clamp(v * (1.0 - s * (1.0 - f)), 0.0, 1.0)
+    select = _HSV_SELECT.get(img.device)
+    if select is None:
+        select = _HSV_SELECT[img.device] = _dev([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]],
+                                                img.device)
+    return torch.stack((v, p, q, t), dim=-3).gather(-3, select[:, i].moveaxis(0, -3))
 
 
 # --- blur -----------------------------------------------------------------------------------------
@@ -459,7 +489,8 @@ _TABLE: dict = {
     tv2.RandomAdjustSharpness: _random_p(lambda t, y: F2.adjust_sharpness(y, t.sharpness_factor)),
     tv1.RandomAutocontrast: _random_p(lambda t, y: F1.autocontrast(y)),
     tv2.RandomAutocontrast: _random_p(lambda t, y: F2.autocontrast(y)),
-    tv1.RandomEqualize: _random_p(lambda t, y: F1.equalize(y)),
+    # v2's equalize is vectorised over the batch; v1's loops over images; equal results (tests)
+    tv1.RandomEqualize: _random_p(lambda t, y: F2.equalize(y)),
     tv2.RandomEqualize: _random_p(lambda t, y: F2.equalize(y)),
     tv1.RandomGrayscale: _random_p(lambda t, y: F1.rgb_to_grayscale(y, y.shape[-3])),
     tv2.RandomGrayscale: _random_p(lambda t, y: F2.rgb_to_grayscale(y, y.shape[-3])),
