@@ -62,7 +62,16 @@ def simclr_tf(T):
                       T.Normalize(MEAN, STD)])
 
 
-CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf, "simclr": simclr_tf}
+def timm_ra_tf(T):
+    """timm's standard train transform, ``create_transform(224, is_training=True,
+    auto_augment="rand-m9-mstd0.5", re_prob=0.25)``: timm's RandAugment works on PIL images, so
+    gputransforms runs it (and what follows) per sample on the CPU after the graph."""
+    from timm.data import create_transform
+
+    return create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25)
+
+
+CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf, "simclr": simclr_tf, "timm_ra": timm_ra_tf}
 
 
 def _gpu() -> bool:
@@ -191,7 +200,7 @@ def run_dali_handwritten(root, chain, batch_size, threads):
     gpu = _gpu()
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1,
-                  prefetch_queue_depth=2, enable_conditionals=chain in ("ta_wide", "simclr"))
+                  prefetch_queue_depth=2, enable_conditionals=chain in ("ta_wide", "simclr", "timm_ra"))
     def pipe():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain != "eval", name="reader")
         dev = "mixed" if gpu else "cpu"
@@ -205,6 +214,10 @@ def run_dali_handwritten(root, chain, batch_size, threads):
                 from nvidia.dali.auto_aug.trivial_augment import trivial_augment_wide
 
                 images = trivial_augment_wide(images, fill_value=0)
+            if chain == "timm_ra":  # DALI's own RandAugment n=2 m=9 (its ops, no magnitude noise)
+                from nvidia.dali.auto_aug.rand_augment import rand_augment
+
+                images = rand_augment(images, n=2, m=9, fill_value=0)
             if chain == "simclr":  # DALI's colour and blur ops (fixed jitter order, not torchvision's random one)
                 if fn.random.coin_flip(probability=0.8):
                     images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),
@@ -362,7 +375,9 @@ def main(argv=None):
         for name in a.pipelines.split(","):
             if name == "dali-experimental-tv" and chain != "train":
                 continue
-            threads = a.workers if name == "torchvision" else a.threads
+            # timm's RandAugment needs PIL images: gputransforms hands that chain to torch's worker
+            # processes, so it gets the worker count torchvision's DataLoader gets
+            threads = a.workers if name == "torchvision" or chain == "timm_ra" else a.threads
             n = a.images or (n_files if name == "torchvision" else 2 * n_files)
             if name == "dali-experimental-tv":
                 n = min(n, 384)

@@ -24,7 +24,7 @@ from torchvision.datasets.folder import default_loader, pil_loader
 
 from . import files
 from .compiler import tail
-from .compiler.plan import Plan, plan as make_plan
+from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
 
 
 class FallbackWarning(UserWarning):
@@ -218,6 +218,14 @@ class DataLoader:
         if p.output == "image" and not p.tail:
             raise TypeError("the transform chain ends with a PIL image, which cannot be batched "
                             "(torch's default_collate raises too); end it with ToTensor() or PILToTensor()")
+        if p.tail and p.tail_mode == "pil" and self._torch.num_workers > 0:
+            # After the graph these would run per sample on PIL images in this one thread: timm's
+            # RandAugment chain measured 426 img/s that way on an H100 host against 2,317 img/s on
+            # torch's DataLoader with 16 workers (benchmarks/results/h100-timm-ra.json).
+            names = ", ".join(sorted({type(t).__name__ for t in p.tail if not isinstance(t, TO_TENSOR)}))
+            return p, "torchvision", (f"{names} need(s) PIL images; per sample they run faster in torch's "
+                                      f"{self._torch.num_workers} worker processes than in the main thread after "
+                                      "the DALI graph (pass num_workers=0 to keep the graph)")
         return p, "dali", ""
 
     def explain(self) -> str:
@@ -226,6 +234,8 @@ class DataLoader:
         if self.backend == "torchvision":
             lines = [head, f"  reason: {self.reason}"]
             if self.plan is not None:
+                if self.plan.compiled:
+                    lines.append("what num_workers=0 would run instead:")
                 lines.append(self.plan.explain(self.device))
             return "\n".join(lines)
         return head + "\n" + self.plan.explain(self.device)

@@ -172,6 +172,21 @@ def test_callable_before_to_tensor_receives_a_pil_image(photo_folder):
     torch.testing.assert_close(x[:, 0], x[:, 1])
 
 
+def test_pil_tail_with_workers_runs_on_torchs_workers(photo_folder):
+    """Per-sample PIL work after the graph would run in the main thread; with workers requested the
+    whole chain runs on torch's DataLoader instead (measured 5x faster for timm's RandAugment chain),
+    the user is told, and num_workers=0 keeps the graph."""
+    tf = T.Compose([T.Resize((32, 32)), T.Lambda(lambda img: img.convert("L").convert("RGB")), T.ToTensor()])
+    ds = datasets.ImageFolder(str(photo_folder), transform=tf)
+    with pytest.warns(FallbackWarning, match="num_workers=0"):
+        loader = DataLoader(ds, batch_size=4, num_workers=2, device="cpu")
+    assert loader.backend == "torchvision" and "num_workers=0 would run" in loader.explain()
+    ref = torch.stack([ds[i][0] for i in range(4)])
+    x, _ = next(iter(loader))
+    torch.testing.assert_close(x, ref)
+    assert DataLoader(ds, batch_size=4, num_workers=0, device="cpu").backend == "dali"
+
+
 def test_lambda_after_to_tensor_receives_a_tensor(photo_folder):
     seen = []
 
