@@ -29,6 +29,7 @@ members draw their parameters after all the coins (same distribution, another or
 """
 from __future__ import annotations
 
+import functools
 import random
 from typing import Callable, Optional
 
@@ -332,7 +333,7 @@ def _random_perspective(t) -> Optional[Batched]:
 
 # --- erasing --------------------------------------------------------------------------------------
 
-def _erasing_value(t, channels: int):
+def _erasing_value(t):
     """v1's forward turns ``value`` into what get_params takes (None: random normal pixels)."""
     value = t.value
     if isinstance(value, (int, float)):
@@ -377,7 +378,7 @@ def _random_erasing(t) -> Batched:
             return None if p["v"] is None else (p["i"], p["j"], p["h"], p["w"], p["v"])
         if not _coin_v1(t.p):
             return None
-        value = _erasing_value(t, x.shape[1])
+        value = _erasing_value(t)
         if value is not None and len(value) not in (1, x.shape[1]):
             raise ValueError("If value is a sequence, it should have either a single value or "
                              f"{x.shape[1]} (number of input channels)")
@@ -394,10 +395,16 @@ def _timm_random_erasing(t) -> Batched:
 
 # --- containers -----------------------------------------------------------------------------------
 
+def _lower_all(transforms) -> Optional[list]:
+    """Each transform's batched function, or None if one of them has none."""
+    fns = [lower(t) for t in transforms]
+    return None if any(f is None for f in fns) else fns
+
+
 def sequence(transforms) -> Optional[Batched]:
     """A list of transforms, each batched, or None if one of them is not."""
-    fns = [lower(t) for t in transforms]
-    if any(f is None for f in fns):
+    fns = _lower_all(transforms)
+    if fns is None:
         return None
 
     def run(x):
@@ -423,8 +430,8 @@ def _grouped(x: torch.Tensor, keys: list, run_for_key) -> torch.Tensor:
 
 
 def _random_choice(t) -> Optional[Batched]:
-    fns = [lower(m) for m in t.transforms]
-    if any(f is None for f in fns):
+    fns = _lower_all(t.transforms)
+    if fns is None:
         return None
     if _is_v2(t):
         def choose():
@@ -436,8 +443,8 @@ def _random_choice(t) -> Optional[Batched]:
 
 
 def _random_order(t) -> Optional[Batched]:
-    fns = [lower(m) for m in t.transforms]
-    if any(f is None for f in fns):
+    fns = _lower_all(t.transforms)
+    if fns is None:
         return None
 
     def order():
@@ -501,6 +508,7 @@ _TABLE: dict = {
 _BEHAVIOUR = ("forward", "__call__", "get_params", "make_params", "transform", "_transform")
 
 
+@functools.lru_cache(maxsize=None)  # on first use, like plan._timm_lowerings: importing us does not import timm
 def _timm_table() -> dict:
     try:
         from timm.data.random_erasing import RandomErasing
@@ -511,9 +519,8 @@ def _timm_table() -> dict:
 
 def lower(t) -> Optional[Batched]:
     """``t`` as a function of a (N,C,H,W) batch with torchvision's per-sample meaning, or None."""
-    table = _TABLE if "timm" not in type(t).__module__ else {**_TABLE, **_timm_table()}
     for cls in type(t).__mro__:
-        build = table.get(cls)
+        build = _TABLE.get(cls) or _timm_table().get(cls)
         if build is not None:
             if any(getattr(type(t), m, None) is not getattr(cls, m, None) for m in _BEHAVIOUR):
                 return None

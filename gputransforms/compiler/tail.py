@@ -54,9 +54,9 @@ def stages(plan: Plan) -> list:
     return out
 
 
-def run_tail(images, plan: Plan, device: torch.device, compiled: Optional[list] = None) -> torch.Tensor:
+def run_tail(images, plan: Plan, device: torch.device, compiled: list) -> torch.Tensor:
     """``images``: the graph's output batch as a tensor (N,...) or a list of per-sample tensors.
-    ``compiled``: ``stages(plan)``, computed once by the caller."""
+    ``compiled``: ``stages(plan)``, computed once by the caller (lowering is not per batch work)."""
     if plan.tail_mode == "tensor":
         batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
         pending: list = []  # consecutive per-sample transforms, applied in one pass over the samples
@@ -72,7 +72,7 @@ def run_tail(images, plan: Plan, device: torch.device, compiled: Optional[list] 
                 pending.clear()
             return batch
 
-        for _, fn, stage in compiled if compiled is not None else stages(plan):
+        for _, fn, stage in compiled:
             if fn is None:
                 continue
             if stage == "per sample":
