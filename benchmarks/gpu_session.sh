@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# What the closing notes' GPU figures come from: run on the GPU machine after staging DALI
-# (../shared/device/README.md), from the repo root, with DATA an ImageNet-like folder:
-#   DATA=/tmp/ds OUT=/some/dir bash benchmarks/gpu_session.sh tests|bench
+# What the closing notes' GPU figures come from: run on a GPU machine with DALI installed, from the
+# repo root. DATA is an ImageNet-like folder; if it does not exist, 10,000 real-photo JPEGs are
+# written there first (gputransforms.sampledata):
+#   DATA=/tmp/ds OUT=/some/dir bash benchmarks/gpu_session.sh tests|bench [pytest args]
 set -uo pipefail
-: "${DATA:?set DATA to an ImageFolder root}" "${OUT:=bench-out}"
+: "${DATA:=/tmp/gputransforms-bench-data}" "${OUT:=bench-out}"
 mkdir -p "$OUT"
+[ -d "$DATA" ] || python3 -c "import os, sys; from benchmarks.loader import make_data; make_data(sys.argv[1], 10000)" "$DATA"
 python3 -c "import torch, torchvision, nvidia.dali as d; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'dali', d.__version__, torch.cuda.get_device_name())"
 case "${1:-tests}" in
 tests)

@@ -24,8 +24,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -335,18 +333,12 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
 
 
 def make_data(root: str, n: int):
-    """An ImageNet-like folder of real-photo JPEGs via ../shared/data/make_imagefolder.py when it is
-    there, else gputransforms' own synthetic generator."""
-    here = Path(__file__).resolve().parents[1]
-    for script in (here.parent / "shared/data/make_imagefolder.py", here / ".gpu/make_imagefolder.py"):
-        if script.exists():
-            classes = max(1, min(20, n // 50))
-            subprocess.run([sys.executable, str(script), root, "--classes", str(classes), "--per-class",
-                            str(max(1, n // classes)), "--seed", "1", "--jobs", str(os.cpu_count() or 1)], check=True)
-            return
-    from gputransforms.demo import make_sample_folder
+    """An ImageNet-like folder of ``n`` real-photo JPEGs (gputransforms.sampledata), in up to 20 classes."""
+    from gputransforms import sampledata
 
-    make_sample_folder(root, n)
+    classes = max(1, min(20, n // 50))
+    sampledata.make_photo_folder(root, classes=classes, per_class=max(1, n // classes), seed=1,
+                                 jobs=os.cpu_count() or 1)
 
 
 def main(argv=None):
@@ -408,11 +400,12 @@ def main(argv=None):
                 scaling.append(dict(batch_size=bs, error=str(e).splitlines()[0]))
     large = []
     if a.large:
-        from gputransforms.demo import make_sample_folder
+        from gputransforms import sampledata
 
         big_root = a.root.rstrip("/") + "-2000px"
         if not Path(big_root).exists():
-            make_sample_folder(big_root, a.large, classes=4, long_side=2000, jobs=os.cpu_count() or 1)
+            sampledata.make_photo_folder(big_root, classes=4, per_class=max(1, a.large // 4), seed=2, long_side=2000,
+                                         jobs=os.cpu_count() or 1)
         for name in ("torchvision", "dali-handwritten", "gputransforms"):
             threads = a.workers if name == "torchvision" else a.threads
             row = dict(chain="train-2000px", pipeline=name)

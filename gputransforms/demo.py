@@ -1,6 +1,7 @@
 """python -m gputransforms.demo [--out gputransforms-demo] [--images 600]
 
-Makes a small sample ImageFolder (synthetic scenes, ImageNet-like sizes, real JPEG encoding),
+Makes a small sample ImageFolder (real photos from scikit-image/scikit-learn when they are installed,
+else drawn scenes; ImageNet-like sizes, real JPEG encoding),
 runs the standard train chain through gputransforms and through torchvision's DataLoader on this
 machine, prints images/s for both and writes a PNG grid of augmented samples.
 """
@@ -10,56 +11,10 @@ import argparse
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
-import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFilter
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
-def _scene(rng: np.random.Generator, long_side: Optional[int] = None) -> Image.Image:
-    long_side = long_side or int(rng.choice([500, 500, 500, rng.integers(300, 1000)]))
-    short_side = int(long_side / rng.choice([4 / 3, 4 / 3, 1.0, 3 / 2]))
-    w, h = (long_side, short_side) if rng.random() < 0.75 else (short_side, long_side)
-    top, bottom = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
-    t = np.linspace(0, 1, h)[:, None, None]
-    img = Image.fromarray(((1 - t) * top + t * bottom).repeat(w, 1).astype(np.uint8))
-    d = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(4, 12))):
-        x0, y0 = int(rng.integers(-w // 4, w)), int(rng.integers(-h // 4, h))
-        x1, y1 = x0 + int(rng.integers(w // 10, w // 2)), y0 + int(rng.integers(h // 10, h // 2))
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        (d.ellipse if rng.random() < 0.5 else d.rectangle)([x0, y0, x1, y1], fill=colour)
-    img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.5))))
-    a = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(2, 6), (h, w, 1))
-    return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
-
-
-def _write_one(job):
-    root, i, classes, seed, long_side = job
-    rng = np.random.default_rng([seed, i])  # the same files whatever the number of processes
-    d = Path(root) / f"class_{i % classes:02d}"
-    d.mkdir(parents=True, exist_ok=True)
-    _scene(rng, long_side).save(d / f"img_{i:05d}.jpg", quality=int(rng.integers(75, 96)),
-                                subsampling=0 if rng.random() < 0.15 else 2)
-
-
-def make_sample_folder(root, n: int = 600, classes: int = 4, seed: int = 0, long_side: Optional[int] = None,
-                       jobs: int = 1) -> Path:
-    """Write ``n`` JPEGs in ``classes`` class folders under ``root`` (deterministic for a seed);
-    ``long_side`` fixes the longer side (e.g. 2000 for camera-sized photos)."""
-    work = [(str(root), i, classes, seed, long_side) for i in range(n)]
-    if jobs > 1:
-        import multiprocessing as mp
-
-        with mp.Pool(jobs) as pool:
-            pool.map(_write_one, work, chunksize=16)
-    else:
-        for job in work:
-            _write_one(job)
-    return Path(root)
 
 
 def _throughput(loader, epochs: int = 2) -> float:
@@ -89,8 +44,16 @@ def main(argv=None):
     out = Path(a.out)
     data = out / "data"
     if not data.exists():
-        print(f"writing {a.images} sample JPEGs to {data} ...", flush=True)
-        make_sample_folder(data, a.images)
+        from gputransforms import sampledata
+
+        try:
+            sampledata.source_photos()
+            synthetic = False
+        except sampledata.NoSamplePhotos:
+            synthetic = True
+        print(f"writing {a.images} sample JPEGs ({'drawn scenes' if synthetic else 'real photos'}) to {data} ...",
+              flush=True)
+        sampledata.make_photo_folder(data, classes=4, per_class=max(1, a.images // 4), synthetic=synthetic)
     train_tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
                                    transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     cores = os.cpu_count() or 1

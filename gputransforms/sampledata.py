@@ -1,0 +1,223 @@
+"""Sample data made by the project itself: the tests, the demo and the benchmarks use it, so that a
+fresh clone needs nothing outside the repository.
+
+- ``make_photo_folder``: an ImageFolder of real-photo JPEGs with ImageNet-like sizes, chroma
+  subsampling and quality. The pixels come from the photographs that ship inside scikit-image's and
+  scikit-learn's wheels (both are test extras): each file is a random window of one photo, resized,
+  re-coloured a little and re-encoded, so decoders and resizers see natural-image statistics.
+  Without those packages it says so; ``synthetic=True`` draws scenes instead (the demo's fallback).
+- ``make_odd_files``: the inputs real datasets contain and decoders disagree on: grayscale, CMYK and
+  progressive JPEGs, RGBA/palette/16-bit PNG, BMP, TIFF, WEBP, an EXIF-rotated JPEG, an upper-case
+  extension, tiny, one-pixel, strip-shaped and huge images.
+- ``write_bad_file``: files that must raise a named error: empty, garbage, text, truncated, a JPEG
+  with a corrupted entropy-coded body.
+
+Every file is a function of (seed, index) only, whatever the number of processes.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import io
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+
+class NoSamplePhotos(RuntimeError):
+    """scikit-image / scikit-learn, whose wheels carry the source photographs, are not installed."""
+
+
+@functools.lru_cache(maxsize=1)
+def source_photos() -> tuple:
+    """The colour photographs bundled in scikit-image's and scikit-learn's wheels, as RGB arrays,
+    in a fixed order. Only files of the wheels themselves: nothing is downloaded."""
+    paths = []
+    try:
+        import skimage
+
+        paths += sorted(glob.glob(os.path.join(os.path.dirname(skimage.__file__), "data", "*.png")))
+        paths += sorted(glob.glob(os.path.join(os.path.dirname(skimage.__file__), "data", "*.jpg")))
+    except ImportError:
+        pass
+    try:
+        import sklearn
+
+        paths += sorted(glob.glob(os.path.join(os.path.dirname(sklearn.__file__), "datasets", "images", "*.jpg")))
+    except ImportError:
+        pass
+    photos = []
+    for p in paths:
+        try:
+            img = Image.open(p)
+            img.load()
+        except Exception:  # noqa: BLE001 - a data file that is not a picture is simply not a source
+            continue
+        # colour photographs of some size; skip masks, single-channel scans and tiny icons
+        if img.mode not in ("RGB", "RGBA") or min(img.size) < 256:
+            continue
+        arr = np.asarray(img.convert("RGB"))
+        if arr.std(axis=(0, 1)).mean() < 20 or _channel_spread(arr) < 4:
+            continue  # flat or nearly grey: not the statistics of a photo
+        photos.append(arr)
+    if len(photos) < 3:
+        raise NoSamplePhotos("gputransforms.sampledata needs the photographs that ship with scikit-image and "
+                             "scikit-learn: pip install scikit-image scikit-learn (the project's [test] extra)")
+    return tuple(photos)
+
+
+def _channel_spread(arr: np.ndarray) -> float:
+    a = arr.reshape(-1, 3)[:: max(1, arr.size // 30000)].astype(np.float32)
+    return float(np.abs(a - a.mean(axis=1, keepdims=True)).mean())
+
+
+def _imagenet_like_size(rng: np.random.Generator, long_side: Optional[int]) -> tuple[int, int]:
+    """(width, height): most 500 px on the long side at 4:3, some other sizes and aspects, a few large."""
+    if long_side is None:
+        u = rng.random()
+        long_side = 500 if u < 0.65 else int(rng.integers(250, 1000)) if u < 0.92 else int(rng.integers(1000, 1800))
+    aspect = float(rng.choice([4 / 3, 4 / 3, 4 / 3, 3 / 2, 1.0, 16 / 9]))
+    short_side = max(32, int(round(long_side / aspect)))
+    return (long_side, short_side) if rng.random() < 0.7 else (short_side, long_side)
+
+
+def photo(rng: np.random.Generator, long_side: Optional[int] = None) -> Image.Image:
+    """A new natural image: a random window of a source photo at a random size, slightly recoloured."""
+    sources = source_photos()
+    src = sources[int(rng.integers(len(sources)))]
+    h, w = src.shape[:2]
+    width, height = _imagenet_like_size(rng, long_side)
+    # a window of the photo with the output's aspect ratio, covering 35-100% of the shorter side
+    frac = rng.uniform(0.35, 1.0)
+    win_w = min(w, int(round(frac * min(w, h * width / height))))
+    win_h = max(8, min(h, int(round(win_w * height / width))))
+    x0, y0 = int(rng.integers(0, w - win_w + 1)), int(rng.integers(0, h - win_h + 1))
+    img = Image.fromarray(src[y0:y0 + win_h, x0:x0 + win_w]).resize((width, height), Image.BICUBIC)
+    if rng.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    gain = rng.uniform(0.85, 1.15, 3) * rng.uniform(0.8, 1.2)
+    arr = np.asarray(img, dtype=np.float32) * gain + rng.normal(0, 1.5, (height, width, 1))
+    return Image.fromarray(np.clip(arr, 0, 255).round().astype(np.uint8))
+
+
+def scene(rng: np.random.Generator, long_side: Optional[int] = None) -> Image.Image:
+    """A drawn scene (gradient sky, blurred shapes, sensor noise) for when no photographs are installed."""
+    w, h = _imagenet_like_size(rng, long_side)
+    top, bottom = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+    t = np.linspace(0, 1, h)[:, None, None]
+    img = Image.fromarray(((1 - t) * top + t * bottom).repeat(w, 1).astype(np.uint8))
+    d = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(4, 12))):
+        x0, y0 = int(rng.integers(-w // 4, w)), int(rng.integers(-h // 4, h))
+        x1, y1 = x0 + int(rng.integers(w // 10, w // 2)), y0 + int(rng.integers(h // 10, h // 2))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (d.ellipse if rng.random() < 0.5 else d.rectangle)([x0, y0, x1, y1], fill=colour)
+    img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.5))))
+    a = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(2, 6), (h, w, 1))
+    return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+
+
+def save_jpeg(img: Image.Image, path, rng: np.random.Generator) -> None:
+    """JPEG settings found in the wild: quality 70-95, mostly 4:2:0, some 4:4:4 and 4:2:2, some progressive."""
+    sub = int(rng.choice([2, 2, 2, 2, 0, 1]))
+    img.save(path, "JPEG", quality=int(rng.integers(70, 96)), subsampling=sub, progressive=bool(rng.random() < 0.1))
+
+
+def _write_one(job) -> None:
+    root, i, classes, per_class, seed, long_side, synthetic = job
+    rng = np.random.default_rng([seed, i])
+    d = Path(root) / f"class_{i // per_class:03d}"
+    img = scene(rng, long_side) if synthetic else photo(rng, long_side)
+    save_jpeg(img, d / f"img_{i:06d}.jpg", rng)
+
+
+def make_photo_folder(root, *, classes: int = 4, per_class: int = 16, seed: int = 0, long_side: Optional[int] = None,
+                      jobs: int = 1, synthetic: bool = False) -> Path:
+    """Write ``classes * per_class`` JPEGs into ``root/class_NNN/``; the same files for the same seed."""
+    root = Path(root)
+    for c in range(classes):
+        (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
+    if not synthetic:
+        source_photos()  # fail here, once, with the install hint
+    work = [(str(root), i, classes, per_class, seed, long_side, synthetic) for i in range(classes * per_class)]
+    if jobs > 1 and len(work) > 64:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            pool.map(_write_one, work, chunksize=32)
+    else:
+        for job in work:
+            _write_one(job)
+    return root
+
+
+#: the odd files ``make_odd_files`` writes, by name
+ODD_FILES = ("gray.jpg", "cmyk.jpg", "progressive.jpg", "upper.JPG", "long_ext.jpeg", "rgba.png", "palette.png",
+             "gray8.png", "gray16.png", "plain.bmp", "plain.tiff", "plain.webp", "exif_rot90.jpg", "tiny_7x5.jpg",
+             "one_pixel.jpg", "strip_4000x50.jpg", "huge_6000x4000.jpg")
+
+
+def make_odd_files(directory, seed: int = 0) -> Path:
+    """Write ``ODD_FILES`` into ``directory``, each made from a real photo."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([seed, 7])
+    base = photo(rng, long_side=400)
+    base.convert("L").save(d / "gray.jpg", "JPEG", quality=88)
+    base.convert("CMYK").save(d / "cmyk.jpg", "JPEG", quality=88)
+    base.save(d / "progressive.jpg", "JPEG", quality=88, progressive=True)
+    base.save(d / "upper.JPG", "JPEG", quality=88)
+    base.save(d / "long_ext.jpeg", "JPEG", quality=88, subsampling=0)
+    rgba = base.convert("RGBA")
+    alpha = np.tile(np.linspace(0, 255, base.width, dtype=np.uint8), (base.height, 1))
+    rgba.putalpha(Image.fromarray(alpha))
+    rgba.save(d / "rgba.png")
+    base.convert("P", palette=Image.ADAPTIVE, colors=200).save(d / "palette.png")
+    base.convert("L").save(d / "gray8.png")
+    gray16 = (np.asarray(base.convert("L"), dtype=np.uint16) * 257 + rng.integers(0, 257, base.size[::-1]))
+    Image.fromarray(gray16.astype(np.uint16)).save(d / "gray16.png")
+    base.save(d / "plain.bmp")
+    base.save(d / "plain.tiff")
+    base.save(d / "plain.webp", quality=85)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display; torchvision's loader ignores it
+    base.save(d / "exif_rot90.jpg", "JPEG", quality=88, exif=exif)
+    base.resize((7, 5), Image.BILINEAR).save(d / "tiny_7x5.jpg", "JPEG", quality=90)
+    base.resize((1, 1), Image.BILINEAR).save(d / "one_pixel.jpg", "JPEG", quality=90)
+    base.resize((4000, 50), Image.BILINEAR).save(d / "strip_4000x50.jpg", "JPEG", quality=90)
+    photo(rng, long_side=1200).resize((6000, 4000), Image.BILINEAR).save(d / "huge_6000x4000.jpg", "JPEG", quality=82)
+    return d
+
+
+BAD_KINDS = ("empty", "garbage", "not-an-image", "truncated", "corrupt-body")
+
+
+def write_bad_file(path, kind: str, good_jpeg: bytes, seed: int = 0) -> Path:
+    """A file a loader must reject (or, for JPEGs, treat as PIL does), made from a good JPEG's bytes."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "garbage":
+        path.write_bytes(rng.integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    elif kind == "not-an-image":
+        path.write_text("this is a text file with an image extension\n")
+    elif kind == "truncated":
+        path.write_bytes(good_jpeg[: len(good_jpeg) // 2])
+    elif kind == "corrupt-body":  # header and end marker intact, random bytes in the scan data
+        body = bytearray(good_jpeg)
+        mid = len(body) // 2
+        body[mid:mid + 2000] = rng.integers(0, 256, 2000, dtype=np.uint8).tobytes()
+        path.write_bytes(bytes(body))
+    else:
+        raise ValueError(f"unknown bad-file kind {kind!r}; one of {BAD_KINDS}")
+    return path
+
+
+def jpeg_bytes(img: Image.Image, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
