@@ -69,7 +69,31 @@ def timm_ra_tf(T):
     return create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25)
 
 
-CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf, "simclr": simclr_tf, "timm_ra": timm_ra_tf}
+CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf, "simclr": simclr_tf, "timm_ra": timm_ra_tf,
+          "ta_wide_mixup": ta_wide_tf}
+
+
+def mixup_cutmix(num_classes: int):
+    """The reference recipe's batch transform with MixUp and CutMix on (references/classification/
+    transforms.py get_mixup_cutmix, use_v2: the ViT/Swin/ConvNeXt recipes' --mixup-alpha 0.2
+    --cutmix-alpha 1.0)."""
+    from torchvision.transforms import v2
+
+    return v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=num_classes), v2.CutMix(alpha=1.0, num_classes=num_classes)])
+
+
+def collate_for(chain: str, root: str):
+    """The recipe's collate_fn for chains that have one (train.py: ``mixup_cutmix(*default_collate(batch))``)."""
+    if not chain.endswith("_mixup"):
+        return None
+    from torch.utils.data import default_collate
+
+    mix = mixup_cutmix(len(torchvision.datasets.folder.find_classes(root)[0]))
+
+    def collate_fn(batch):
+        return mix(*default_collate(batch))
+
+    return collate_fn
 
 
 def _gpu() -> bool:
@@ -176,7 +200,7 @@ def run_torchvision(root, chain, batch_size, workers):
         ds = torchvision.datasets.ImageFolder(root, transform=CHAINS[chain](T))
         dl = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=workers,
                                          pin_memory=_gpu(), persistent_workers=workers > 0,
-                                         prefetch_factor=4 if workers else None)
+                                         prefetch_factor=4 if workers else None, collate_fn=collate_for(chain, root))
         return _Moved(dl, dev)
 
     return make
@@ -198,7 +222,7 @@ def run_dali_handwritten(root, chain, batch_size, threads):
     gpu = _gpu()
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1,
-                  prefetch_queue_depth=2, enable_conditionals=chain in ("ta_wide", "simclr", "timm_ra"))
+                  prefetch_queue_depth=2, enable_conditionals=chain in ("ta_wide", "ta_wide_mixup", "simclr", "timm_ra"))
     def pipe():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain != "eval", name="reader")
         dev = "mixed" if gpu else "cpu"
@@ -208,7 +232,7 @@ def run_dali_handwritten(root, chain, batch_size, threads):
             images = fn.resize(images, resize_x=224, resize_y=224)
             mirror = fn.random.coin_flip()
             crop = {}
-            if chain == "ta_wide":  # DALI's own TrivialAugmentWide (its ops, not torchvision's)
+            if chain.startswith("ta_wide"):  # DALI's own TrivialAugmentWide (its ops, not torchvision's)
                 from nvidia.dali.auto_aug.trivial_augment import trivial_augment_wide
 
                 images = trivial_augment_wide(images, fill_value=0)
@@ -241,18 +265,23 @@ def run_dali_handwritten(root, chain, batch_size, threads):
         p.build()
         it = DALIGenericIterator(p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL,
                                  auto_reset=True)
-        return _DaliIt(it)
+        # by hand, MixUp/CutMix go on the output batch (labels as int64 class indices)
+        mix = mixup_cutmix(len(torchvision.datasets.folder.find_classes(root)[0])) if chain.endswith("_mixup") else None
+        return _DaliIt(it, mix)
 
     return make
 
 
 class _DaliIt:
-    def __init__(self, it):
-        self.it = it
+    def __init__(self, it, mix=None):
+        self.it, self.mix = it, mix
 
     def __iter__(self):
         for out in self.it:
-            yield out[0]["x"], out[0]["y"]
+            x, y = out[0]["x"], out[0]["y"]
+            if self.mix is not None:
+                x, y = self.mix(x, y.flatten().long())
+            yield x, y
 
 
 def run_dali_experimental(root, chain, batch_size, _threads, limit=512):
@@ -283,7 +312,8 @@ def run_gputransforms(root, chain, batch_size, threads, **loader_kwargs):
 
     def make():
         ds = datasets.ImageFolder(root, transform=CHAINS[chain](T))
-        return DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=threads, **loader_kwargs)
+        return DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=threads,
+                          collate_fn=collate_for(chain, root), **loader_kwargs)
 
     return make
 

@@ -1,30 +1,34 @@
-"""DataLoader: torch's signature and epoch semantics, batches produced by one compiled DALI graph.
+"""DataLoader: a ``torch.utils.data.DataLoader`` whose batches come from one compiled DALI graph.
 
-Index order, shuffling, sharding, ``drop_last`` and ``len()`` come from torch's own samplers (a
-``torch.utils.data.DataLoader`` is built with the user's arguments and its index sampler is
-iterated exactly as torch's loader iterates it), so the same ``generator`` gives the same batches
-of indices as torch. Encoded files are read ahead by a few threads and handed to DALI in that
-order; labels never travel through DALI: each batch's indices are queued when its files are fed
-and popped when its images come out, in order.
+Index order, shuffling, sharding, ``drop_last`` and ``len()`` are torch's own (this class is torch's
+DataLoader, and its index sampler is iterated exactly as torch's iterator iterates it), so the same
+``generator`` gives the same batches of indices as torch, and frameworks that rebuild a DataLoader
+with another sampler (Lightning, Accelerate) rebuild this one. Which files and targets the dataset
+stands for comes from ``datasets.adapters``; how files reach the graph from ``feed``. Each
+``iter(loader)`` is an independent pass with a pipeline of its own (``PipelineSlot``), so several
+live iterators each yield a full epoch. Labels never travel through DALI: each batch's indices are
+queued when its files are fed and popped when its images come out, in order.
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import os
 import warnings
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import torch
 import torch.utils.data as tud
-from torchvision.datasets import DatasetFolder
-from torchvision.datasets.folder import default_loader, pil_loader
+from torchvision.datasets.folder import pil_loader
 
 from . import files
 from .compiler import tail
 from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
+from .datasets.adapters import FileSamples, NotCompilable, resolve
+from .device import dali_available, default_device, resolve as resolve_device, torch_device
+from .feed import EpochFeed, PipelineSlot
+
+__all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "dali_available", "default_device"]
 
 
 class FallbackWarning(UserWarning):
@@ -35,82 +39,14 @@ class SkippedSamplesWarning(UserWarning):
     """With on_error="skip", samples whose files could not be loaded were left out of an epoch."""
 
 
-def dali_available() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401 - importable is the question
-    except ImportError:
-        return False
-    return True
+def _is_default_collate(fn) -> bool:
+    return fn is None or fn is tud.default_collate or fn is tud._utils.collate.default_collate
 
 
-def default_device() -> str:
-    """"gpu" when torch sees a CUDA device (DALI then decodes with nvJPEG), else "cpu"."""
-    return "gpu" if torch.cuda.is_available() else "cpu"
-
-
-def _is_image_folder_loader(loader) -> bool:
-    return loader in (default_loader, pil_loader)
-
-
-class _Epoch:
-    """One pass over the sampler: reads files ahead in threads, feeds DALI, remembers the order."""
-
-    def __init__(self, loader: "DataLoader", batches, pool: ThreadPoolExecutor, lookahead: int):
-        self.samples = loader.dataset.samples
-        self.batches = batches
-        self.pool = pool
-        self.lookahead = lookahead
-        self.reading: collections.deque = collections.deque()
-        self.in_flight: collections.deque = collections.deque()
-        self.stopped = False
-        self.skip = loader.on_error == "skip"
-        self.gpu = loader.device == "gpu"
-        self.check_jpeg_scan = loader.validate_jpeg
-        self.skipped = loader.skipped
-        self.error: Optional[files.BadSampleError] = None
-        self._fill()
-
-    def _read(self, indices):
-        """Encoded files of one batch; bad files raise, or are dropped and recorded with on_error="skip"."""
-        data, kept = [], []
-        for i in indices:
-            try:
-                data.append(files.prepare(i, self.samples[i][0], small_jpegs_via_pil=self.gpu,
-                                          check_jpeg_scan=self.check_jpeg_scan))
-                kept.append(i)
-            except files.BadSampleError as e:
-                if not self.skip:
-                    raise
-                self.skipped.append(e)
-        return kept, data
-
-    def _fill(self):
-        while not self.stopped and len(self.reading) < self.lookahead:
-            indices = next(self.batches, None)
-            if indices is None:
-                break
-            indices = list(indices)
-            self.reading.append((indices, self.pool.submit(self._read, indices)))
-
-    def next_encoded(self):
-        """The external_source callback: the next batch of encoded files, in sampler order."""
-        while True:
-            if self.stopped or not self.reading:
-                raise StopIteration
-            _, future = self.reading.popleft()
-            try:
-                indices, data = future.result()
-            except files.BadSampleError as e:
-                self.error = e  # raised from the loop by the iterator, not from inside DALI
-                raise StopIteration
-            self._fill()
-            if indices:  # a batch whose every file was skipped is not fed
-                self.in_flight.append(indices)
-                return data
-
-
-class DataLoader:
-    """Drop-in for ``torch.utils.data.DataLoader`` over an ImageFolder/DatasetFolder.
+class DataLoader(tud.DataLoader):
+    """Drop-in for ``torch.utils.data.DataLoader`` (and one: ``isinstance`` holds) over datasets
+    whose files gputransforms can read (``datasets.adapters``: ImageFolder/DatasetFolder, and
+    ``Subset``/``random_split``/``ConcatDataset`` of them).
 
     Arguments are torch's. How they map here:
 
@@ -119,11 +55,16 @@ class DataLoader:
     - ``num_workers``: CPU threads for DALI (decode on CPU, host-side work on GPU); 0 means all cores.
     - ``prefetch_factor``: batches DALI prepares ahead (default 4); unlike torch, allowed with
       ``num_workers=0``.
+    - ``collate_fn``: torch's ``default_collate`` (or None) is what the graph produces. Any other
+      function is called on each compiled batch with what torch would give it, a list of per-sample
+      ``(image, target)`` pairs whose images are views into the batch on the device, and its result
+      is what the loop yields (tensors in it moved to the device). The reference recipe's
+      ``lambda b: mixup_cutmix(*default_collate(b))`` thus runs MixUp/CutMix on the GPU. A collate
+      function that cannot take tensors (it calls ``.numpy()`` on them, or wants PIL images) raises on
+      the first batch with an error that says so.
     - ``pin_memory, pin_memory_device, timeout, worker_init_fn, multiprocessing_context,
       persistent_workers, in_order``: accepted, and used only when the chain runs on the
       torchvision path; the DALI path has no worker processes and produces batches on the device.
-    - ``collate_fn``: a custom one switches to the torchvision path (torch's DataLoader, moved to
-      the device), since the compiled graph produces whole batches.
 
     Extra keyword arguments: ``device`` ("gpu", "cpu" or None for the GPU when torch sees one),
     ``seed`` (DALI's seed; default drawn from ``generator``/torch's RNG like torch's base seed),
@@ -138,6 +79,10 @@ class DataLoader:
     ``jpeg_fancy_upsampling`` (GPU only: decode chroma like libjpeg-turbo/PIL; closer to torchvision,
     mean |diff| 0.15 instead of 0.30 in 0-255 units, but ~30% slower full-image decoding on an H100; never
     applied to RandomResizedCrop's ROI decode, which nvJPEG < 13.2 does not support).
+
+    Every extra argument is kept under its own name as a public attribute, as torch keeps its own,
+    so a framework that re-creates the loader from its attributes gets the same loader. Nothing is
+    built until the first iteration.
     """
 
     def __init__(self, dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None, sampler=None,
@@ -153,17 +98,11 @@ class DataLoader:
         if not in_order:
             kwargs["in_order"] = in_order
         # torch validates the arguments (same errors) and builds the samplers we iterate
-        self._torch = tud.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
-                                     batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
-                                     pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
-                                     worker_init_fn=worker_init_fn,
-                                     multiprocessing_context=multiprocessing_context, generator=generator,
-                                     **kwargs)
-        if device not in (None, "gpu", "cpu", "cuda"):
-            raise ValueError(f"device must be 'gpu', 'cpu' or None, got {device!r}")
-        self.device = "gpu" if device == "cuda" else (device or default_device())
-        if self.device == "gpu" and not torch.cuda.is_available():
-            raise RuntimeError("device='gpu' but torch sees no CUDA device")
+        super().__init__(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                         num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
+                         timeout=timeout, worker_init_fn=worker_init_fn,
+                         multiprocessing_context=multiprocessing_context, generator=generator, **kwargs)
+        self.device = resolve_device(device)
         self.seed = seed
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -171,13 +110,15 @@ class DataLoader:
         # ~60 us per 80 KiB file under the GIL: ~2% of a CPU decode, but a real share of the
         # reader threads' budget at GPU rates (unmeasured there), so on by default on the CPU only
         self.validate_jpeg = (self.device == "cpu") if validate_jpeg is None else bool(validate_jpeg)
-        self.skipped: list = []  # files.BadSampleError of the current/last epoch (on_error="skip")
+        self.skipped: list = []  # files.BadSampleError of the latest epoch (on_error="skip")
         self.hw_decoder_load = hw_decoder_load
         self.jpeg_fancy_upsampling = jpeg_fancy_upsampling
         self.num_threads = num_workers if num_workers > 0 else (os.cpu_count() or 1)
         # 4 batches in flight measured 5% faster than 2 on an H100 (benchmarks/probe_loader.py)
         self.prefetch_queue_depth = prefetch_factor or 4
-        self.plan, self.backend, self.reason = self._choose_backend(dataset, collate_fn)
+        self._user_collate = None if _is_default_collate(collate_fn) else collate_fn
+        self.samples: Optional[FileSamples] = None
+        self.plan, self.backend, self.reason = self._choose_backend(dataset)
         self._stages = tail.stages(self.plan) if self.backend == "dali" else []
         slow = [type(t).__name__ for t, _, stage in self._stages if stage in ("per sample", "pil")]
         if slow:
@@ -189,48 +130,41 @@ class DataLoader:
         elif self.backend == "torchvision" and self.reason:
             warnings.warn(f"gputransforms: running on torchvision's DataLoader ({self.reason}); "
                           "see DataLoader.explain()", FallbackWarning, stacklevel=2)
-        self._pipe = None
+        self._idle: list = []  # PipelineSlots no live iterator holds
         self._pool: Optional[ThreadPoolExecutor] = None
-        self._epoch: Optional[_Epoch] = None
-
-    # torch's public attributes --------------------------------------------------------------------
-    def __getattr__(self, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._torch, name)
-
-    def __len__(self) -> int:
-        return len(self._torch)
 
     # planning -------------------------------------------------------------------------------------
-    def _choose_backend(self, dataset, collate_fn) -> tuple[Optional[Plan], str, str]:
-        if not isinstance(dataset, DatasetFolder):
-            return None, "torchvision", f"{type(dataset).__name__} is not an ImageFolder/DatasetFolder"
-        if not _is_image_folder_loader(dataset.loader):
-            return None, "torchvision", "the dataset has a custom loader; DALI decodes only what PIL's RGB loader does"
-        if collate_fn is not None:
-            return None, "torchvision", "a custom collate_fn"
+    def _choose_backend(self, dataset) -> tuple[Optional[Plan], str, str]:
+        try:
+            self.samples = resolve(dataset)
+        except NotCompilable as e:
+            return None, "torchvision", str(e)
+        if self.batch_size is None and self.batch_sampler is None:
+            return None, "torchvision", "batch_size=None: per-sample items, not batches"
         if not dali_available():
             return None, "torchvision", "NVIDIA DALI is not installed"
-        p = make_plan(dataset.transform)
+        p = make_plan(self.samples.transform)
         if not p.compiled:
             return p, "torchvision", p.tail_reason
-        if p.output == "image" and not p.tail:
+        if p.output == "image" and not p.tail and self._user_collate is None:
             raise TypeError("the transform chain ends with a PIL image, which cannot be batched "
                             "(torch's default_collate raises too); end it with ToTensor() or PILToTensor()")
-        if p.tail and p.tail_mode == "pil" and self._torch.num_workers > 0:
+        if p.tail and p.tail_mode == "pil" and self.num_workers > 0:
             # After the graph these would run per sample on PIL images in this one thread: timm's
             # RandAugment chain measured 426 img/s that way on an H100 host against 2,317 img/s on
             # torch's DataLoader with 16 workers (benchmarks/results/h100-timm-ra.json).
             names = ", ".join(sorted({type(t).__name__ for t in p.tail if not isinstance(t, TO_TENSOR)}))
             return p, "torchvision", (f"{names} need(s) PIL images; per sample they run faster in torch's "
-                                      f"{self._torch.num_workers} worker processes than in the main thread after "
+                                      f"{self.num_workers} worker processes than in the main thread after "
                                       "the DALI graph (pass num_workers=0 to keep the graph)")
         return p, "dali", ""
 
     def explain(self) -> str:
-        head = (f"gputransforms.DataLoader: {len(self._torch.dataset)} samples, batch_size={self.batch_size}, "
+        head = (f"gputransforms.DataLoader: {len(self.dataset)} samples, batch_size={self.batch_size}, "
                 f"backend={self.backend}, device={self.device}")
+        if self._user_collate is not None and self.backend == "dali":
+            head += f"\n  collate_fn {getattr(self._user_collate, '__name__', type(self._user_collate).__name__)} " \
+                    "runs on each compiled batch"
         if self.backend == "torchvision":
             lines = [head, f"  reason: {self.reason}"]
             if self.plan is not None:
@@ -244,129 +178,56 @@ class DataLoader:
     def __iter__(self):
         if self.backend == "torchvision":
             return self._iter_torchvision()
-        return self._iter_dali()
-
-    def _torch_device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if self.device == "gpu" else torch.device("cpu")
+        return _CompiledIterator(self)
 
     def _iter_torchvision(self):
-        dev = self._torch_device()
-        for batch in self._torch:
+        dev = torch_device(self.device)
+        for batch in super().__iter__():
             if dev.type == "cuda":
                 batch = _to_device(batch, dev)
             yield batch
 
-    def _build_pipeline(self, seed: int):
+    def _acquire_slot(self) -> PipelineSlot:
+        slot = self._idle.pop() if self._idle else PipelineSlot()
+        slot.drain()
+        return slot
+
+    def _release_slot(self, slot: PipelineSlot, *, dirty: bool):
+        slot.dirty = dirty
+        if not dirty:
+            slot.epoch = None
+        self._idle.append(slot)
+
+    def _build_pipeline(self, slot: PipelineSlot, seed: int):
         from .compiler.dali import build_pipeline
 
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, self.num_threads)),
                                             thread_name_prefix="gputransforms-read")
-        max_batch = self._torch.batch_size or max(len(b) for b in self._torch._index_sampler)
-        self._pipe = build_pipeline(self.plan, _weak_feed(self), device=self.device, batch_size=max_batch,
-                                    num_threads=self.num_threads, seed=seed,
-                                    prefetch_queue_depth=self.prefetch_queue_depth,
-                                    hw_decoder_load=self.hw_decoder_load,
-                                    jpeg_fancy_upsampling=self.jpeg_fancy_upsampling)
+        max_batch = self.batch_size or max(len(b) for b in self._index_sampler)
+        slot.pipe = build_pipeline(self.plan, slot.callback(), device=self.device, batch_size=max_batch,
+                                   num_threads=self.num_threads, seed=seed,
+                                   prefetch_queue_depth=self.prefetch_queue_depth,
+                                   hw_decoder_load=self.hw_decoder_load,
+                                   jpeg_fancy_upsampling=self.jpeg_fancy_upsampling)
 
-    def _start_epoch(self) -> _Epoch:
-        self._finish_epoch()
-        # the same draws from ``generator`` as torch's _BaseDataLoaderIter, in the same order
-        batches = iter(self._torch._index_sampler)
-        base_seed = torch.empty((), dtype=torch.int64).random_(generator=self._torch.generator).item()
-        self._seed = self.seed if self.seed is not None else base_seed % (2 ** 31)
-        if self._pipe is None:
-            self._build_pipeline(self._seed)
-        self.skipped = []
-        self._epoch = _Epoch(self, batches, self._pool, lookahead=self.prefetch_queue_depth + 2)
-        return self._epoch
+    def _new_epoch(self, batches, skipped: list) -> EpochFeed:
+        return EpochFeed(self.samples, batches, self._pool, lookahead=self.prefetch_queue_depth + 2,
+                         skip=self.on_error == "skip", gpu=self.device == "gpu",
+                         check_jpeg_scan=self.validate_jpeg, skipped=skipped)
 
-    def _restart_after_decode_error(self, epoch: _Epoch, bad: files.BadSampleError) -> _Epoch:
-        """on_error="skip" and DALI failed on a file PIL cannot decode either: the pipeline object
-        is dead after any error, so build a new one and feed it again, in order, every batch that
-        was in flight (without the bad file) before the rest of the epoch."""
-        self.skipped.append(bad)
-        pending = [[i for i in b if i != bad.index] for b in epoch.in_flight]
-        pending += [b for b, _ in epoch.reading]
-        epoch.stopped = True
-        self._pipe = None
-        self._build_pipeline(self._seed + len(self.skipped))
-        self._epoch = _Epoch(self, itertools.chain([b for b in pending if b], epoch.batches), self._pool,
-                             lookahead=self.prefetch_queue_depth + 2)
-        return self._epoch
-
-    def _feed(self):
-        if self._epoch is None:
-            raise StopIteration
-        return self._epoch.next_encoded()
-
-    def _finish_epoch(self):
-        """Drain a pipeline left mid-epoch (the user broke out of the loop) so the next epoch starts clean."""
-        epoch, self._epoch = self._epoch, None
-        if epoch is None or self._pipe is None:
-            return
-        epoch.stopped = True
-        try:
-            self._pipe.schedule_run()  # the callback now raises StopIteration: marks the end
-            while True:
-                self._pipe.outputs()
-        except StopIteration:
-            pass
-        except RuntimeError:
-            self._pipe = None  # a dead pipeline is rebuilt on the next epoch
-            return
-        self._pipe.reset()
-
-    def _iter_dali(self):
-        epoch = self._start_epoch()
-        dev = self._torch_device()
-        stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
-        dataset = self._torch.dataset
-        targets = [s[1] for s in dataset.samples]
-        target_transform = dataset.target_transform
-        scheduled = False
-        while True:
-            pipe = self._pipe
-            try:
-                if not scheduled:
-                    scheduled = True
-                    pipe.schedule_run()
-                out = pipe.outputs(stream) if stream is not None else pipe.outputs()
-            except StopIteration:
-                break
-            except RuntimeError as e:
-                err = _named_error(e, list(epoch.in_flight[0]) if epoch.in_flight else [], dataset)
-                if self.on_error == "skip" and isinstance(err, files.BadSampleError):
-                    epoch, scheduled = self._restart_after_decode_error(epoch, err), False
-                    continue
-                self._pipe, self._epoch = None, None
-                raise err from e
-            indices = epoch.in_flight.popleft()
-            images = _to_torch(out[0])
-            pipe.schedule_run()
-            if self.plan.tail:
-                images = tail.run_tail(images, self.plan, dev, self._stages)
-            elif images.dtype != self.plan.out_dtype:
-                images = images.to(self.plan.out_dtype)
-            if target_transform is None:
-                labels = torch.as_tensor([targets[i] for i in indices], dtype=torch.int64)
-            else:
-                labels = tud.default_collate([target_transform(targets[i]) for i in indices])
-            yield images, _to_device(labels, dev)
-        self._epoch = None
-        self._pipe.reset()
-        if epoch.error is not None:
-            raise epoch.error
-        if self.skipped:
-            shown = "; ".join(f"{e.index}: {e.path} ({e.reason})" for e in self.skipped[:5])
-            warnings.warn(f"gputransforms: skipped {len(self.skipped)} sample(s) this epoch "
-                          f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=2)
+    def _labels(self, indices, dev: torch.device):
+        s = self.samples
+        if s.target_transforms is None and all(type(s.targets[i]) is int for i in indices):
+            labels = torch.as_tensor([s.targets[i] for i in indices], dtype=torch.int64)
+        else:
+            labels = tud.default_collate([s.target(i) for i in indices])
+        return _to_device(labels, dev)
 
     def close(self):
-        """Release the DALI pipeline and the reader threads now (also done when the loader is
+        """Release the DALI pipelines and the reader threads now (also done when the loader is
         garbage; a later iteration builds them again)."""
-        self._epoch = None
-        self._pipe = None
+        self._idle = []
         pool, self._pool = getattr(self, "_pool", None), None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -377,19 +238,134 @@ class DataLoader:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _weak_feed(loader: DataLoader):
-    """The external_source callback without a strong reference to the loader: the pipeline would
-    otherwise keep its loader (and so itself, its threads and its device memory) alive in a cycle
-    until the cyclic garbage collector happens to run."""
-    ref = weakref.ref(loader)
+class _CompiledIterator:
+    """One pass over the sampler through a pipeline of its own: torch's ``_BaseDataLoaderIter``
+    draws (the sampler's order, then the base seed from ``generator``) in the same order."""
 
-    def feed():
-        owner = ref()
-        if owner is None:
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.slot = loader._acquire_slot()
+        self.batches = iter(loader._index_sampler)
+        base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        self.seed = loader.seed if loader.seed is not None else base_seed % (2 ** 31)
+        if self.slot.pipe is None:
+            loader._build_pipeline(self.slot, self.seed)
+        self.skipped: list = []
+        loader.skipped = self.skipped
+        self.epoch: Optional[EpochFeed] = None  # started by the first next(): the sampler draws then, as torch's
+        self.dev = torch_device(loader.device)
+        self.stream = torch.cuda.current_stream(self.dev) if self.dev.type == "cuda" else None
+        self.scheduled = False
+        self.first = True
+        self.done = False
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __next__(self):
+        if self.done:
             raise StopIteration
-        return owner._feed()
+        loader, slot = self.loader, self.slot
+        while True:
+            pipe = slot.pipe
+            try:
+                if not self.scheduled:
+                    if self.epoch is None:
+                        self.epoch = slot.epoch = loader._new_epoch(self.batches, self.skipped)
+                    self.scheduled = True
+                    pipe.schedule_run()
+                out = pipe.outputs(self.stream) if self.stream is not None else pipe.outputs()
+                break
+            except StopIteration:
+                self._end_of_epoch()
+            except RuntimeError as e:
+                err = _named_error(e, list(self.epoch.in_flight[0]) if self.epoch.in_flight else [], loader.samples)
+                if loader.on_error == "skip" and isinstance(err, files.BadSampleError):
+                    self._restart_after_decode_error(err)
+                    continue
+                slot.pipe = None  # the pipeline object is dead after any error
+                self._release(dirty=False)
+                raise err from e
+        indices = self.epoch.in_flight.popleft()
+        images = _to_torch(out[0])
+        pipe.schedule_run()
+        plan = loader.plan
+        if plan.tail:
+            images = tail.run_tail(images, plan, self.dev, loader._stages)
+        elif isinstance(images, torch.Tensor) and images.dtype != plan.out_dtype:
+            images = images.to(plan.out_dtype)
+        if loader._user_collate is None:
+            return images, loader._labels(indices, self.dev)
+        return self._collate(images, indices)
 
-    return feed
+    def _collate(self, images, indices):
+        """The user's collate_fn on what torch would hand it: per-sample (image, target) pairs."""
+        loader = self.loader
+        batch = list(zip(images.unbind(0) if isinstance(images, torch.Tensor) else images,
+                         [loader.samples.target(i) for i in indices]))
+        first, self.first = self.first, False
+        if not first:
+            return _to_device(loader._user_collate(batch), self.dev)
+        try:
+            return _to_device(loader._user_collate(batch), self.dev)
+        except Exception as e:  # noqa: BLE001 - any failure on the first batch gets the explanation
+            name = getattr(loader._user_collate, "__name__", type(loader._user_collate).__name__)
+            msg = (f"{e}\n(gputransforms: collate_fn {name} failed on the first compiled batch. It receives what "
+                   f"torch's DataLoader gives it, a list of (image, target) pairs, but each image is already "
+                   f"transformed: a {tuple(batch[0][0].shape)} {batch[0][0].dtype} tensor on {batch[0][0].device}. "
+                   "Make it work on tensors (e.g. .cpu() before .numpy()), or use torch.utils.data.DataLoader "
+                   "for this loader.)")
+            try:
+                err = type(e)(msg)
+            except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+                err = RuntimeError(msg)
+            raise err from e
+
+    def _restart_after_decode_error(self, bad: files.BadSampleError):
+        """on_error="skip" and DALI failed on a file PIL cannot decode either: the pipeline object
+        is dead after any error, so build a new one and feed it again, in order, every batch that
+        was in flight (without the bad file) before the rest of the epoch."""
+        self.skipped.append(bad)
+        pending = [[i for i in b if i != bad.index] for b in self.epoch.pending()]
+        self.epoch.stopped = True
+        self.slot.pipe = None
+        self.loader._build_pipeline(self.slot, self.seed + len(self.skipped))
+        self.epoch = self.slot.epoch = self.loader._new_epoch(
+            itertools.chain([b for b in pending if b], self.epoch.batches), self.skipped)
+        self.scheduled = False
+
+    def _end_of_epoch(self):
+        self.done = True
+        self.slot.pipe.reset()
+        epoch = self.epoch
+        self._release(dirty=False)
+        if epoch.error is not None:
+            raise epoch.error
+        if self.skipped:
+            shown = "; ".join(f"{e.index}: {e.path} ({e.reason})" for e in self.skipped[:5])
+            warnings.warn(f"gputransforms: skipped {len(self.skipped)} sample(s) this epoch "
+                          f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=3)
+        raise StopIteration
+
+    def _release(self, *, dirty: bool):
+        slot, self.slot = self.slot, None
+        self.done = True
+        if slot is not None:
+            self.loader._release_slot(slot, dirty=dirty)
+
+    def close(self):
+        """Stop this pass early; its pipeline goes back to the loader for the next iterator."""
+        self._release(dirty=True)
+
+    def __del__(self):
+        if getattr(self, "slot", None) is not None:
+            try:
+                self._release(dirty=True)
+            except Exception:  # noqa: BLE001 - at interpreter exit the loader may be half gone
+                pass
 
 
 def _to_torch(tensor_list):
@@ -407,33 +383,33 @@ def _to_device(batch, dev: torch.device):
     return batch
 
 
-def _named_error(err: Exception, indices, dataset) -> Exception:
+def _named_error(err: Exception, indices, samples: FileSamples) -> Exception:
     """DALI reports "Critical error in pipeline" without the file. Find it: first a file PIL cannot
     decode, else the sample on which torchvision's own run of the chain raises (an image smaller
     than RandomCrop's size, say), re-raised as torchvision's exception type with the file named."""
-    samples = dataset.samples
+    paths = samples.paths
     text = str(err)
     if "out of memory" in text.lower() or "cudaErrorMemoryAllocation" in text:
         return MemoryError(f"gputransforms: the GPU ran out of memory on a batch of {len(indices)} images; reduce "
                            "batch_size or prefetch_factor (batches prepared ahead), or resize earlier in the chain "
                            f"(DALI: {text.strip().splitlines()[-1] if text.strip() else 'out of memory'})")
     for i in indices:
-        path = samples[i][0]
+        path = paths[i]
         try:
             pil_loader(path)
         except Exception as pil_err:  # noqa: BLE001 - any failure to decode names the file
             return files.BadSampleError(i, path, f"cannot be decoded ({type(pil_err).__name__}: {pil_err})")
-    if dataset.transform is not None:
+    if samples.transform is not None:
         for i in indices:
-            path = samples[i][0]
+            path = paths[i]
             try:
-                dataset.transform(pil_loader(path))
+                samples.transform(pil_loader(path))
             except Exception as tv_err:  # noqa: BLE001 - torchvision's exception is the answer
                 try:
                     return type(tv_err)(f"{tv_err} (sample {i}: {path})")
                 except Exception:  # noqa: BLE001 - an exception type that takes other arguments
                     return RuntimeError(f"gputransforms: sample {i} ({path}): {type(tv_err).__name__}: {tv_err}")
-    paths = ", ".join(f"{i}: {samples[i][0]}" for i in indices[:8])
+    named = ", ".join(f"{i}: {paths[i]}" for i in indices[:8])
     more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
     first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return RuntimeError(f"gputransforms: DALI failed on the batch of samples {paths}{more}: {first_line}")
+    return RuntimeError(f"gputransforms: DALI failed on the batch of samples {named}{more}: {first_line}")

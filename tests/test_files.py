@@ -3,13 +3,12 @@ error naming the file and sample index from the loop (or are skipped and reporte
 lost and no label moves."""
 import shutil
 
-import numpy as np
 import pytest
 import torch
 import torchvision
 from PIL import Image, ImageFile
 
-from gputransforms import BadSampleError, DataLoader, SkippedSamplesWarning, datasets
+from gputransforms import BadSampleError, DataLoader, SkippedSamplesWarning, datasets, sampledata
 from gputransforms import transforms as T
 
 from conftest import DEVICES, abs_diff_stats, make_photo_folder
@@ -62,22 +61,12 @@ def _bad_folder(tmp_path, photo_folder, kind):
             shutil.copy(p, root / c / f"{k}.jpg")
     bad = root / "b" / "1_bad.jpg"  # sorts between good files: batches before and after it
     good = (root / "b" / "0.jpg").read_bytes()
-    if kind == "empty":
-        bad.write_bytes(b"")
-    elif kind == "garbage":
-        bad.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
-    elif kind == "not-an-image":
-        bad.write_text("this is a text file with an image extension\n")
-    elif kind == "truncated":
-        bad.write_bytes(good[: len(good) // 2])
-    elif kind.startswith("corrupt-body"):  # header and end marker intact, random bytes in the scan data
-        body = bytearray(good)
-        mid = len(body) // 2
-        seed = int(kind.rsplit("-", 1)[1])
-        body[mid:mid + 2000] = np.random.default_rng(seed).integers(0, 256, 2000, dtype=np.uint8).tobytes()
-        bad.write_bytes(bytes(body))
+    if kind.startswith("corrupt-body"):
+        sampledata.write_bad_file(bad, "corrupt-body", good, seed=int(kind.rsplit("-", 1)[1]))
     elif kind in ("disappears", "unreadable"):
         bad.write_bytes(good)
+    else:
+        sampledata.write_bad_file(bad, kind, good)
     return root, bad
 
 
@@ -176,10 +165,12 @@ def test_image_smaller_than_crop_raises_torchvisions_error(odd_folder, device):
 
 
 def test_gpu_out_of_memory_says_what_to_reduce(indexed_folder):
+    from gputransforms.datasets.adapters import resolve
     from gputransforms.loader import _named_error
 
-    ds = datasets.ImageFolder(str(indexed_folder))
-    err = _named_error(RuntimeError("Critical error in pipeline:\nCUDA allocation failed: out of memory"), [0, 1], ds)
+    samples = resolve(datasets.ImageFolder(str(indexed_folder)))
+    err = _named_error(RuntimeError("Critical error in pipeline:\nCUDA allocation failed: out of memory"), [0, 1],
+                       samples)
     assert isinstance(err, MemoryError)
     assert "batch_size" in str(err) and "prefetch_factor" in str(err) and "out of memory" in str(err)
 

@@ -123,14 +123,22 @@ def test_no_dali_runs_torchvision(indexed_folder, monkeypatch):
     assert sorted(idx) == list(range(len(ds))) and lab == cls
 
 
-def test_custom_collate_and_plain_dataset_use_torchvision_path(indexed_folder):
+def test_custom_collate_is_compiled_and_a_plain_dataset_uses_torchvision_path(indexed_folder):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
-    with pytest.warns(FallbackWarning, match="collate_fn"):
-        loader = DataLoader(ds, batch_size=4, collate_fn=lambda b: len(b), device="cpu")
-    assert list(loader)[:2] == [4, 4]
-    with pytest.warns(FallbackWarning, match="not an ImageFolder"):
-        loader = DataLoader(tud.Subset(ds, [0, 1, 2]), batch_size=2, device="cpu")
-    assert [len(y) for _, y in loader] == [2, 1]
+    loader = DataLoader(ds, batch_size=4, collate_fn=lambda b: len(b), device="cpu")
+    assert loader.backend == "dali"
+    assert list(loader) == [len(b) for b in tud.DataLoader(ds, batch_size=4, collate_fn=lambda b: b)]
+
+    class Plain(tud.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return torch.full((3, 2, 2), i), i
+
+    with pytest.warns(FallbackWarning, match="Plain is not a dataset gputransforms can read files from"):
+        loader = DataLoader(Plain(), batch_size=2, device="cpu")
+    assert [y.tolist() for _, y in loader] == [[0, 1], [2]]
 
 
 def test_untransformable_tail_runs_per_sample_with_torchvision_meaning(photo_folder):

@@ -22,6 +22,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import v2 as tv2
 
 from .. import _compat
+from ..device import default_device
 
 
 class NotLowerable(Exception):
@@ -500,6 +501,4 @@ def plan(transform) -> Plan:
 
 
 def explain(transform, device: Optional[str] = None) -> str:
-    from ..loader import default_device
-
     return plan(transform).explain(device or default_device())

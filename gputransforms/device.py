@@ -1,0 +1,35 @@
+"""Which device a chain runs on: the ground floor that datasets, the compiler and the loader import
+(nothing here imports them)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def dali_available() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401 - importable is the question
+    except ImportError:
+        return False
+    return True
+
+
+def default_device() -> str:
+    """"gpu" when torch sees a CUDA device (DALI then decodes with nvJPEG), else "cpu"."""
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def resolve(device: Optional[str]) -> str:
+    """A user's ``device=`` argument as "gpu" or "cpu" (None: the default)."""
+    if device not in (None, "gpu", "cpu", "cuda"):
+        raise ValueError(f"device must be 'gpu', 'cpu' or None, got {device!r}")
+    dev = "gpu" if device == "cuda" else (device or default_device())
+    if dev == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("device='gpu' but torch sees no CUDA device")
+    return dev
+
+
+def torch_device(device: str) -> torch.device:
+    """The torch device batches are handed over on: this process's current CUDA device for "gpu"."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "gpu" else torch.device("cpu")
