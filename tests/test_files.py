@@ -22,8 +22,11 @@ def odd_folder(tmp_path_factory):
 
 
 # nvJPEG's IDCT/colour conversion differ from libjpeg-turbo's (see test_parity); PNG/BMP/TIFF/WEBP
-# and everything PIL decodes for DALI (16-bit PNG, truncated JPEGs) must be exact on both.
-ODD_TOL = {"cpu": 0.05, "gpu": 1.0}
+# and everything PIL decodes for DALI (16-bit PNG, truncated JPEGs) must be exact on both. On the
+# GPU the difference is nvJPEG's default chroma upsampling: measured on the H100, 0.0 for the 4:4:4
+# copy of the odd files' photo and 1.50 mean for its 4:2:0 copies (saturated colour edges), 0.45-0.93
+# for the ordinary photos; jpeg_fancy_upsampling=True removes it (next test).
+ODD_TOL = {"cpu": 0.05, "gpu": 2.0}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -49,6 +52,17 @@ def test_odd_images_decode_like_torchvision(odd_folder, device):
             bad.append((names[i], stats))
     print(f"\nodd files [{device}] mean |diff|: {worst}")
     assert not bad, bad
+
+
+@pytest.mark.gpu
+def test_odd_jpegs_with_fancy_upsampling_decode_like_pil_on_the_gpu(odd_folder):
+    ds = datasets.ImageFolder(str(odd_folder), transform=RAW)
+    ref = torchvision.datasets.ImageFolder(str(odd_folder), transform=RAW)
+    worst = {}
+    for i, (x, _) in enumerate(DataLoader(ds, batch_size=1, device="gpu", jpeg_fancy_upsampling=True)):
+        worst[ds.samples[i][0].split("/")[-1]] = round(abs_diff_stats(x[0], ref[i][0])["mean"], 3)
+    print(f"\nodd files [gpu, fancy upsampling] mean |diff|: {worst}")
+    assert max(worst.values()) <= 0.5, worst  # nvJPEG's IDCT remains (see test_parity: 0.15 after a resize)
 
 
 def _bad_folder(tmp_path, photo_folder, kind):
