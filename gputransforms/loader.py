@@ -11,9 +11,11 @@ queued when its files are fed and popped when its images come out, in order.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -21,14 +23,15 @@ import torch
 import torch.utils.data as tud
 from torchvision.datasets.folder import pil_loader
 
-from . import files
+from . import files, integrations, state
 from .compiler import tail
 from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
 from .datasets.adapters import FileSamples, NotCompilable, resolve
 from .device import dali_available, default_device, resolve as resolve_device, torch_device
 from .feed import EpochFeed, PipelineSlot
 
-__all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "dali_available", "default_device"]
+__all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning", "dali_available",
+           "default_device"]
 
 
 class FallbackWarning(UserWarning):
@@ -37,6 +40,10 @@ class FallbackWarning(UserWarning):
 
 class SkippedSamplesWarning(UserWarning):
     """With on_error="skip", samples whose files could not be loaded were left out of an epoch."""
+
+
+class UnshardedWarning(UserWarning):
+    """torch.distributed runs several ranks but the loader's sampler is not distributed."""
 
 
 def _is_default_collate(fn) -> bool:
@@ -132,6 +139,13 @@ class DataLoader(tud.DataLoader):
                           "see DataLoader.explain()", FallbackWarning, stacklevel=2)
         self._idle: list = []  # PipelineSlots no live iterator holds
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._resume: Optional[state.Position] = None  # from load_state_dict, for the next iterator
+        self._last_iter = None  # weak reference to the newest iterator: the one state_dict() describes
+        self._warned_unsharded = False
+        self._max_batch_size: Optional[int] = None
+        integrations.remember(dataset, dict(device=self.device, seed=seed, hw_decoder_load=hw_decoder_load,
+                                            jpeg_fancy_upsampling=jpeg_fancy_upsampling, on_error=on_error,
+                                            validate_jpeg=self.validate_jpeg))
 
     # planning -------------------------------------------------------------------------------------
     def _choose_backend(self, dataset) -> tuple[Optional[Plan], str, str]:
@@ -176,16 +190,40 @@ class DataLoader(tud.DataLoader):
 
     # iteration ------------------------------------------------------------------------------------
     def __iter__(self):
-        if self.backend == "torchvision":
-            return self._iter_torchvision()
-        return _CompiledIterator(self)
+        self._warn_if_unsharded()
+        resume, self._resume = self._resume, None
+        it = _TorchIterator(self, resume) if self.backend == "torchvision" else _CompiledIterator(self, resume)
+        self._last_iter = weakref.ref(it)
+        return it
 
-    def _iter_torchvision(self):
-        dev = torch_device(self.device)
-        for batch in super().__iter__():
-            if dev.type == "cuda":
-                batch = _to_device(batch, dev)
-            yield batch
+    # resume -----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the newest iterator stands (``gputransforms.state``): the random state its epoch
+        started from and the batches it handed out. Small, picklable, no image data."""
+        it = self._last_iter() if self._last_iter is not None else None
+        if it is not None and not it.done:
+            skipped = [(e.index, e.path, e.reason) for e in it.skipped]
+            return state.Position(it.rng_start, it.yielded, skipped).to_dict()
+        return state.Position(state.rng_state(self.generator), 0, []).to_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The next ``iter(loader)`` goes on where the saved one stood: with batch k+1 of its epoch,
+        and the epochs after it are the uninterrupted run's."""
+        self._resume = state.Position.from_dict(state_dict)
+
+    def _warn_if_unsharded(self):
+        import torch.distributed as dist
+
+        if self._warned_unsharded or not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size()
+        if world < 2 or _sharded(self.sampler) or _sharded(self.batch_sampler):
+            return
+        self._warned_unsharded = True
+        warnings.warn(f"gputransforms: torch.distributed runs {world} ranks but this DataLoader's sampler is not "
+                      f"distributed, so rank {dist.get_rank()} gets every sample of every epoch: pass "
+                      "sampler=DistributedSampler(dataset) and call sampler.set_epoch(epoch) each epoch (Lightning "
+                      "and Accelerate inject one themselves)", UnshardedWarning, stacklevel=3)
 
     def _acquire_slot(self) -> PipelineSlot:
         slot = self._idle.pop() if self._idle else PipelineSlot()
@@ -204,12 +242,26 @@ class DataLoader(tud.DataLoader):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, self.num_threads)),
                                             thread_name_prefix="gputransforms-read")
-        max_batch = self.batch_size or max(len(b) for b in self._index_sampler)
-        slot.pipe = build_pipeline(self.plan, slot.callback(), device=self.device, batch_size=max_batch,
+        slot.pipe = build_pipeline(self.plan, slot.callback(), device=self.device, batch_size=self._max_batch(),
                                    num_threads=self.num_threads, seed=seed,
                                    prefetch_queue_depth=self.prefetch_queue_depth,
                                    hw_decoder_load=self.hw_decoder_load,
                                    jpeg_fancy_upsampling=self.jpeg_fancy_upsampling)
+
+    def _max_batch(self) -> int:
+        """The largest batch the index sampler gives (the pipeline's batch size), found before an
+        epoch starts: a custom batch sampler may share one iterator between its iter() calls
+        (Lightning's _IndexBatchSamplerWrapper does), and scanning it must not draw from the RNG."""
+        if self._max_batch_size is None:
+            size = self.batch_size or getattr(self.batch_sampler, "batch_size", None)
+            if not (isinstance(size, int) and size > 0):
+                gen_state = self.generator.get_state() if self.generator is not None else None
+                with torch.random.fork_rng(devices=[]):
+                    size = max((len(b) for b in self._index_sampler), default=1)
+                if gen_state is not None:
+                    self.generator.set_state(gen_state)
+            self._max_batch_size = size
+        return self._max_batch_size
 
     def _new_epoch(self, batches, skipped: list) -> EpochFeed:
         return EpochFeed(self.samples, batches, self._pool, lookahead=self.prefetch_queue_depth + 2,
@@ -238,19 +290,70 @@ class DataLoader(tud.DataLoader):
             pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _sharded(sampler, depth: int = 3) -> bool:
+    """Whether a sampler (or one it wraps) hands each rank its own part: DistributedSampler,
+    Lightning's wrappers of it, Accelerate's BatchSamplerShard."""
+    if sampler is None or depth == 0:
+        return False
+    if isinstance(sampler, tud.distributed.DistributedSampler) or hasattr(sampler, "num_replicas") \
+            or hasattr(sampler, "num_processes"):
+        return True
+    return any(_sharded(getattr(sampler, a, None), depth - 1) for a in ("sampler", "batch_sampler"))
+
+
+class _TorchIterator:
+    """torch's own iterator (the torchvision path), batches moved to the device, counted for state_dict.
+    Resuming replays the skipped batches: torch's worker iterators load what they are given."""
+
+    def __init__(self, loader: DataLoader, resume: Optional[state.Position]):
+        if resume is not None:
+            state.set_rng_state(loader.generator, resume.rng)
+        self.rng_start = state.rng_state(loader.generator)
+        self.dev = torch_device(loader.device)
+        self.it = tud.DataLoader.__iter__(loader)
+        self.yielded, self.done, self.skipped = 0, False, []
+        for _ in range(resume.batches if resume is not None else 0):
+            next(self.it, None)
+            self.yielded += 1
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+    def __next__(self):
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            self.done = True
+            raise
+        self.yielded += 1
+        return _to_device(batch, self.dev) if self.dev.type == "cuda" else batch
+
+
 class _CompiledIterator:
     """One pass over the sampler through a pipeline of its own: torch's ``_BaseDataLoaderIter``
     draws (the sampler's order, then the base seed from ``generator``) in the same order."""
 
-    def __init__(self, loader: DataLoader):
+    def __init__(self, loader: DataLoader, resume: Optional[state.Position] = None):
         self.loader = loader
         self.slot = loader._acquire_slot()
+        if resume is not None:
+            state.set_rng_state(loader.generator, resume.rng)
+        self.rng_start = state.rng_state(loader.generator)
+        loader._max_batch()  # before the epoch's iter(): see there
         self.batches = iter(loader._index_sampler)
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         self.seed = loader.seed if loader.seed is not None else base_seed % (2 ** 31)
         if self.slot.pipe is None:
             loader._build_pipeline(self.slot, self.seed)
         self.skipped: list = []
+        self.yielded = 0
+        if resume is not None:
+            state.skip_batches(self.batches, resume.batches)
+            self.yielded = resume.batches
+            self.skipped = [files.BadSampleError(*s) for s in resume.skipped]
         loader.skipped = self.skipped
         self.epoch: Optional[EpochFeed] = None  # started by the first next(): the sampler draws then, as torch's
         self.dev = torch_device(loader.device)
@@ -292,6 +395,7 @@ class _CompiledIterator:
         indices = self.epoch.in_flight.popleft()
         images = _to_torch(out[0])
         pipe.schedule_run()
+        self.yielded += 1
         plan = loader.plan
         if plan.tail:
             images = tail.run_tail(images, plan, self.dev, loader._stages)
@@ -376,10 +480,22 @@ def _to_torch(tensor_list):
 
 
 def _to_device(batch, dev: torch.device):
+    """Tensors in ``batch`` on ``dev``. A CPU tensor goes to the GPU through pinned memory: from
+    pageable memory cudaMemcpyAsync first waits for everything queued on the stream (the user's
+    training step included), which would make every hand-off a host synchronisation."""
     if isinstance(batch, torch.Tensor):
+        if batch.device == dev:
+            return batch
+        if dev.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+            batch = batch.pin_memory()
         return batch.to(dev, non_blocking=True)
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(b, dev) for b in batch)
+    if isinstance(batch, dict):
+        out = copy.copy(batch)  # keeps the mapping's type (defaultdict, OrderedDict, a user's)
+        for k, v in batch.items():
+            out[k] = _to_device(v, dev)
+        return out
     return batch
 
 

@@ -1,0 +1,58 @@
+"""A loader's position, for mid-epoch resume (torchdata StatefulDataLoader's meaning).
+
+An epoch's order is a function of the random state its iterator starts from: torch's DataLoader
+draws its base seed, then its sampler draws the permutation, from the loader's ``generator`` (or,
+without one, from torch's global RNG). So the state is that random state as it was when the
+epoch's iterator was created, and the number of batches handed out since. Resuming restores the
+random state, lets the sampler draw the same order again and skips the batches already handed
+out by advancing the index sampler alone: no file is read for them. The following epochs then draw
+what the uninterrupted run would have drawn. The state holds no image data, and pickles.
+
+Samplers that do not draw from that RNG (``DistributedSampler``: seed + ``set_epoch``; a user's
+sampler with its own generator) give the same order when the framework restores their epoch, as
+Lightning and Accelerate do.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+VERSION = 1
+
+
+def rng_state(generator: Optional[torch.Generator]) -> torch.Tensor:
+    return generator.get_state() if generator is not None else torch.get_rng_state()
+
+
+def set_rng_state(generator: Optional[torch.Generator], value: torch.Tensor) -> None:
+    if generator is not None:
+        generator.set_state(value)
+    else:  # torch's samplers draw from the global RNG when the loader has no generator
+        torch.set_rng_state(value)
+
+
+@dataclasses.dataclass
+class Position:
+    rng: torch.Tensor  # the random state the epoch's iterator started from
+    batches: int  # batches handed out in that epoch
+    skipped: list  # (index, path, reason) of samples left out with on_error="skip"
+
+    def to_dict(self) -> dict:
+        return {"version": VERSION, "rng": self.rng.clone(), "batches_yielded": self.batches,
+                "skipped": [tuple(s) for s in self.skipped]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Position":
+        if d.get("version") != VERSION:
+            raise ValueError(f"not a gputransforms.DataLoader state (version {d.get('version')!r}, expected {VERSION})")
+        return cls(rng=d["rng"], batches=int(d["batches_yielded"]), skipped=list(d.get("skipped", [])))
+
+
+def skip_batches(index_batches, n: int):
+    """Advance an index-batch iterator by ``n`` batches without loading anything."""
+    for _ in range(n):
+        if next(index_batches, None) is None:
+            break
+    return index_batches

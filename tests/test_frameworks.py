@@ -1,0 +1,132 @@
+"""Inside the training frameworks users already have, side by side with torch's DataLoader: the same
+script, 2 processes under torchrun (gloo on the CPU), only the DataLoader class swapped
+(tests/frameworks/*.py). The pixels name the samples, so every check is on what each rank saw."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from conftest import ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script, *args, timeout=300):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}",
+           str(ROOT / "tests" / "frameworks" / script), *map(str, args)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    return res
+
+
+@pytest.fixture(scope="module")
+def lightning_run(indexed_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lightning")
+    res = torchrun("lightning_ddp.py", indexed_folder, out)
+    ranks = [json.loads((out / f"lightning-rank{r}.json").read_text()) for r in (0, 1)]
+    return ranks, res.stderr
+
+
+def per_epoch(ranks, key):
+    """{stage/epoch: [rank0 samples, rank1 samples]}"""
+    epochs = sorted(set(ranks[0][key]) | set(ranks[1][key]))
+    return {e: [[tuple(s) for s in r[key].get(e, [])] for r in ranks] for e in epochs}
+
+
+N = 37  # indexed_folder
+
+
+@pytest.mark.parametrize("case", ["fit-shuffle1-drop0", "fit-shuffle0-drop0", "fit-shuffle1-drop1"])
+def test_lightning_ddp_injects_the_distributed_sampler_into_ours(lightning_run, case):
+    ranks, _ = lightning_run
+    ours, theirs = per_epoch(ranks, f"ours/{case}"), per_epoch(ranks, f"torch/{case}")
+    assert ours == theirs, "the same samples on the same ranks as torch's DataLoader"
+    assert sorted(ours) == ["fit/0", "fit/1"]
+    for epoch, (r0, r1) in ours.items():
+        seen = Counter(i for i, _ in r0 + r1)
+        if case.endswith("drop1"):
+            assert len(r0) == len(r1) == 16 and max(seen.values()) == 1
+        else:  # DistributedSampler pads 37 to 38 with one repeated sample
+            assert len(r0) == len(r1) == 19 and set(seen) == set(range(N)) and sum(seen.values()) == 38
+    if "shuffle1" in case:
+        assert ours["fit/0"] != ours["fit/1"], "set_epoch reached the sampler"
+
+
+def test_lightning_without_injection_and_with_limits(lightning_run):
+    ranks, stderr = lightning_run
+    for case in ("fit-no-injection", "fit-limit2", "fit-overfit2", "eval"):
+        assert per_epoch(ranks, f"ours/{case}") == per_epoch(ranks, f"torch/{case}"), case
+    no_injection = per_epoch(ranks, "ours/fit-no-injection")["fit/0"]
+    assert all(sorted(i for i, _ in r) == list(range(N)) for r in no_injection)  # what the user asked for
+    assert "rank 0 gets every sample of every epoch" in stderr, "and the user is told"
+    assert [len(r) for r in per_epoch(ranks, "ours/fit-limit2")["fit/0"]] == [8, 8]
+    evaluated = per_epoch(ranks, "ours/eval")
+    assert set(evaluated) == {"validate/0", "test/0", "predict/0"}
+    for stage, (r0, r1) in evaluated.items():
+        assert set(i for i, _ in r0 + r1) == set(range(N)), stage
+    assert ranks[0]["ours/devices"] == ["cpu"]
+
+
+def test_lightning_fabric_setup_dataloaders(lightning_run):
+    ranks, _ = lightning_run
+    ours, theirs = per_epoch(ranks, "ours/fabric"), per_epoch(ranks, "torch/fabric")
+    assert ours == theirs and sorted(ours) == ["fabric/0", "fabric/1"]
+    for r0, r1 in ours.values():
+        assert len(r0) == len(r1) == 19 and set(i for i, _ in r0 + r1) == set(range(N))
+    assert ranks[0]["ours/fabric-class"] == "gputransforms.loader"
+
+
+def test_lightning_mid_epoch_resume_through_its_checkpoint(lightning_run):
+    ranks, _ = lightning_run
+    full = per_epoch(ranks, "ours/fit-shuffle1-drop0")
+    head = per_epoch(ranks, "ours/resume-head")["fit/0"]
+    rest = per_epoch(ranks, "ours/resume-rest")
+    for r in (0, 1):
+        assert len(head[r]) == 8  # two steps of 4
+        assert head[r] + rest.get("fit/0", [[], []])[r] == full["fit/0"][r], "the epoch goes on where it stopped"
+        assert rest["fit/1"][r] == full["fit/1"][r], "and the next epoch is the uninterrupted run's"
+
+
+@pytest.fixture(scope="module")
+def accelerate_run(indexed_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("accelerate")
+    torchrun("accelerate_ddp.py", indexed_folder, out)
+    return [json.loads((out / f"accelerate-rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("config", ["default", "split_batches", "uneven"])
+@pytest.mark.parametrize("case", ["shuffle1-drop0", "shuffle0-drop0", "shuffle1-drop1"])
+def test_accelerate_prepare_shards_ours_and_keeps_it_compiled(accelerate_run, config, case):
+    ranks = accelerate_run
+    key = f"{config}/{case}"
+    ours, theirs = [r[f"ours/{key}"] for r in ranks], [r[f"torch/{key}"] for r in ranks]
+    assert ours == theirs, "the same samples on the same ranks, epoch after epoch, as torch's DataLoader"
+    assert all(r[f"ours/{key}/iterates"] == "gputransforms.loader" for r in ranks), "prepare() kept our loader"
+    for e in range(2):
+        seen = Counter(i for r in ours for i, _ in r[e])
+        if case.endswith("drop1"):
+            assert max(seen.values()) == 1
+        else:
+            assert set(seen) == set(range(N)), "every sample reaches some rank"
+            assert sum(seen.values()) - N <= (3 if config != "uneven" else 0), "only even_batches' padding repeats"
+        # indexed_folder's classes hold files 0-12, 13-24 and 25-36: the label follows the pixels
+        assert all(lab == (0 if i < 13 else 1 if i < 25 else 2) for r in ours for i, lab in r[e])
+
+
+def test_accelerate_skip_first_batches(accelerate_run):
+    ranks = accelerate_run
+    ours, theirs = [r["ours/skip2"] for r in ranks], [r["torch/skip2"] for r in ranks]
+    full = [r["ours/default/shuffle0-drop0"][0] for r in ranks]
+    assert ours == theirs
+    for r in (0, 1):
+        assert [tuple(s) for s in ours[r]] == [tuple(s) for s in full[r][8:]], "two batches of 4 skipped"

@@ -1,0 +1,141 @@
+"""Mid-epoch resume: state_dict() after k batches, load_state_dict() into a new loader, and iteration
+goes on with batch k+1; the epochs after it are the uninterrupted run's."""
+import pickle
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+from gputransforms import DataLoader, datasets
+from gputransforms import transforms as T
+
+from conftest import DEVICES, decode_index
+
+INDEX_TF = T.Compose([T.Resize((8, 8)), T.PILToTensor()])
+
+
+def epoch_items(it):
+    out = []
+    for images, labels in it:
+        out.append((decode_index(images)[0], labels.cpu().tolist(), images.cpu()))
+    return out
+
+
+def run(loader, epochs):
+    return [epoch_items(loader) for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("source", ["generator", "global", "distributed", "sequential"])
+@pytest.mark.parametrize("k", [0, 3, 7])
+def test_resume_mid_epoch_gives_the_uninterrupted_run(indexed_folder, device, source, k):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+
+    def make():
+        kw = dict(batch_size=5, device=device)
+        if source == "generator":
+            kw.update(shuffle=True, generator=torch.Generator().manual_seed(11))
+        elif source == "global":
+            kw.update(shuffle=True)
+        elif source == "distributed":
+            kw.update(sampler=tud.distributed.DistributedSampler(ds, num_replicas=2, rank=1, seed=3))
+        return DataLoader(ds, **kw)
+
+    def set_epoch(loader, e):
+        if source == "distributed":
+            loader.sampler.set_epoch(e)
+
+    torch.manual_seed(5)
+    full = make()
+    want = []
+    for e in range(3):
+        set_epoch(full, e)
+        want.append(epoch_items(full))
+
+    k = min(k, len(want[0]) - 1)  # the distributed shard has fewer batches
+    torch.manual_seed(5)
+    first = make()
+    set_epoch(first, 0)
+    it = iter(first)
+    head = [epoch_items([next(it)])[0] for _ in range(k)]
+    saved = pickle.loads(pickle.dumps(first.state_dict()))
+    assert saved["batches_yielded"] == k and len(pickle.dumps(saved)) < 20_000  # no image data
+    del it, first
+
+    torch.manual_seed(999)  # a new process: other random state everywhere
+    second = make()
+    if source == "generator":
+        second.generator.manual_seed(12345)
+    second.load_state_dict(saved)
+    got = []
+    for e in range(3):
+        set_epoch(second, e)
+        got.append(epoch_items(second))
+    got[0] = head + got[0]
+    for e in range(3):
+        assert [b[0] for b in got[e]] == [b[0] for b in want[e]], f"epoch {e}: other indices"
+        assert [b[1] for b in got[e]] == [b[1] for b in want[e]], f"epoch {e}: other labels"
+        for (_, _, x), (_, _, y) in zip(got[e], want[e]):
+            assert torch.equal(x, y), "a deterministic chain gives the same images"
+
+
+def test_state_between_epochs_starts_the_next_epoch(indexed_folder):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    make = lambda: DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1),  # noqa
+                              device="cpu")
+    full = make()
+    want = run(full, 2)
+    a = make()
+    epoch_items(a)
+    saved = a.state_dict()
+    assert saved["batches_yielded"] == 0
+    b = make()
+    b.load_state_dict(saved)
+    assert [x[0] for x in epoch_items(b)] == [x[0] for x in want[1]]
+
+
+def test_resume_on_the_torchvision_path(indexed_folder):
+    class Plain(tud.Dataset):
+        def __len__(self):
+            return 23
+
+        def __getitem__(self, i):
+            return torch.tensor(i), i
+
+    make = lambda: DataLoader(Plain(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(2),  # noqa
+                              device="cpu")
+    with pytest.warns(UserWarning):
+        full = make()
+    want = [[y.tolist() for _, y in full] for _ in range(2)]
+    with pytest.warns(UserWarning):
+        a = make()
+    it = iter(a)
+    head = [next(it)[1].tolist() for _ in range(2)]
+    saved = a.state_dict()
+    with pytest.warns(UserWarning):
+        b = make()
+    b.load_state_dict(saved)
+    got = [[y.tolist() for _, y in b] for _ in range(2)]
+    assert head + got[0] == want[0] and got[1] == want[1]
+
+
+def test_skipped_records_travel_with_the_state(tmp_path, photo_folder):
+    import shutil
+
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+    photos = sorted(photo_folder.rglob("*.jpg"))[:6]
+    for k, p in enumerate(photos):
+        shutil.copy(p, tmp_path / ("a" if k < 3 else "b") / f"{k}.jpg")
+    (tmp_path / "a" / "0.jpg").write_bytes(b"")  # index 0: skipped in the first batch
+    ds = datasets.ImageFolder(str(tmp_path), transform=T.Compose([T.Resize((16, 16)), T.ToTensor()]))
+    a = DataLoader(ds, batch_size=2, device="cpu", on_error="skip")
+    it = iter(a)
+    next(it)
+    saved = a.state_dict()
+    assert [s[0] for s in saved["skipped"]] == [0]
+    b = DataLoader(ds, batch_size=2, device="cpu", on_error="skip")
+    b.load_state_dict(saved)
+    with pytest.warns(UserWarning, match="skipped 1 sample"):
+        rest = [y.tolist() for _, y in b]
+    assert sum(len(r) for r in rest) == 6 - 2 and [e.index for e in b.skipped] == [0]
