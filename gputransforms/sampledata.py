@@ -192,6 +192,20 @@ def make_odd_files(directory, seed: int = 0) -> Path:
     return d
 
 
+def make_indexed_folder(root, counts=(13, 12, 12)) -> Path:
+    """Small flat-colour JPEGs whose pixels name them: red = 6 x the sample's index in ImageFolder's
+    sorted order, blue = 100 x its class (tests/conftest.decode_index reads them back)."""
+    root = Path(root)
+    i = 0
+    for c, count in enumerate(counts):
+        d = root / f"class{c}"
+        d.mkdir(parents=True, exist_ok=True)
+        for _ in range(count):
+            Image.new("RGB", (24 + i % 5, 20 + i % 7), (i * 6, 100, c * 100)).save(d / f"img{i:03d}.jpg", quality=100)
+            i += 1
+    return root
+
+
 BAD_KINDS = ("empty", "garbage", "not-an-image", "truncated", "corrupt-body")
 
 

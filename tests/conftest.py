@@ -44,16 +44,7 @@ def gradient_folder(tmp_path_factory):
 def indexed_folder(tmp_path_factory):
     """37 small flat-colour JPEGs in 3 classes: red encodes the sample's index in sorted order and
     blue its class, so every output pixel says which file it came from."""
-    root = tmp_path_factory.mktemp("indexed")
-    i = 0
-    for c, count in enumerate((13, 12, 12)):  # written in ImageFolder's sorted order: i is the index
-        d = root / f"class{c}"
-        d.mkdir()
-        for _ in range(count):
-            Image.new("RGB", (24 + i % 5, 20 + i % 7), (i * 6, 100, c * 100)).save(d / f"img{i:03d}.jpg",
-                                                                                   quality=100)
-            i += 1
-    return root
+    return sampledata.make_indexed_folder(tmp_path_factory.mktemp("indexed"))
 
 
 def decode_index(images: torch.Tensor) -> tuple[list, list]:

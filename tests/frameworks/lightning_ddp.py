@@ -66,6 +66,7 @@ def main():
     def trainer(**kw):
         L.seed_everything(0, verbose=False)  # each case starts from the same random state for both loaders
         base = dict(accelerator=a.accelerator, devices=a.devices, strategy="ddp", logger=False, enable_checkpointing=False,
+                    default_root_dir=a.out,
                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
         base.update(kw)
         return L.Trainer(**base)
