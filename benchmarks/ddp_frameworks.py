@@ -33,6 +33,7 @@ def main(argv=None):
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--make-data", type=int, default=0)
     ap.add_argument("--out", default="bench-out/ddp")
+    ap.add_argument("--cpu", action="store_true", help="gloo on the CPU (a check of this script, no figures)")
     a = ap.parse_args(argv)
     from gputransforms import sampledata
 
@@ -45,7 +46,8 @@ def main(argv=None):
     idx = sampledata.make_indexed_folder(out / "indexed")
     n = 37
     report = {}
-    torchrun(a.gpus, "lightning_ddp.py", idx, out, "--accelerator", "gpu")
+    accel = "cpu" if a.cpu else "gpu"
+    torchrun(a.gpus, "lightning_ddp.py", idx, out, "--accelerator", accel)
     ranks = [json.loads((out / f"lightning-rank{r}.json").read_text()) for r in range(a.gpus)]
     for case in ("fit-shuffle1-drop0", "fit-shuffle1-drop1", "eval", "fabric", "resume-rest"):
         ours = [r[f"ours/{case}"] for r in ranks]
@@ -56,7 +58,7 @@ def main(argv=None):
                                            every_sample=all({i for i, _ in u} >= set(range(n)) or "drop1" in case
                                                             or "resume" in case for u in union.values()))
     report["lightning/devices"] = [r["ours/devices"] for r in ranks]
-    torchrun(a.gpus, "accelerate_ddp.py", idx, out, "--gpu")
+    torchrun(a.gpus, "accelerate_ddp.py", idx, out, *([] if a.cpu else ["--gpu"]))
     ranks = [json.loads((out / f"accelerate-rank{r}.json").read_text()) for r in range(a.gpus)]
     for case in ("default/shuffle1-drop0", "split_batches/shuffle1-drop0", "uneven/shuffle0-drop0"):
         ours = [r[f"ours/{case}"] for r in ranks]
@@ -67,7 +69,7 @@ def main(argv=None):
     for g in sorted({1, a.gpus}):
         d = out / f"timing{g}"
         d.mkdir(exist_ok=True)
-        torchrun(g, "lightning_ddp.py", idx, d, "--accelerator", "gpu", "--devices", g, "--timing-data", a.data,
+        torchrun(g, "lightning_ddp.py", idx, d, "--accelerator", accel, "--devices", g, "--timing-data", a.data,
                  "--timing-only")
         t = [json.loads((d / f"lightning-rank{r}.json").read_text())["timing"] for r in range(g)]
         report[f"timing/{g}gpu"] = dict(per_rank_img_s=[round(x["img_s"]) for x in t],
