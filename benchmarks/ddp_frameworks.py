@@ -57,6 +57,9 @@ def main(argv=None):
         report[f"lightning/{case}"] = dict(per_rank=counts, same_as_torch=same,
                                            every_sample=all({i for i, _ in u} >= set(range(n)) or "drop1" in case
                                                             or "resume" in case for u in union.values()))
+    report["lightning/resume-exact"] = all(  # head + resumed rest == the uninterrupted epochs, per rank
+        r["ours/resume-head"]["fit/0"] + r["ours/resume-rest"].get("fit/0", []) == r["ours/fit-shuffle1-drop0"]["fit/0"]
+        and r["ours/resume-rest"]["fit/1"] == r["ours/fit-shuffle1-drop0"]["fit/1"] for r in ranks)
     report["lightning/devices"] = [r["ours/devices"] for r in ranks]
     torchrun(a.gpus, "accelerate_ddp.py", idx, out, *([] if a.cpu else ["--gpu"]))
     ranks = [json.loads((out / f"accelerate-rank{r}.json").read_text()) for r in range(a.gpus)]
