@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def torchrun(n, script, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--master_addr=127.0.0.1",
            "--master_port=29533", str(ROOT / "tests" / "frameworks" / script), *map(str, args)]
-    res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep where DALI is
+    res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
     if res.returncode:
         sys.exit(res.stdout[-2000:] + res.stderr[-4000:])
 
@@ -34,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--make-data", type=int, default=0)
     ap.add_argument("--out", default="bench-out/ddp")
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU (a check of this script, no figures)")
+    ap.add_argument("--timing-only", action="store_true")
     a = ap.parse_args(argv)
     from gputransforms import sampledata
 
@@ -47,6 +49,8 @@ def main(argv=None):
     n = 37
     report = {}
     accel = "cpu" if a.cpu else "gpu"
+    if a.timing_only:
+        return _timing(a, idx, out, accel, report)
     torchrun(a.gpus, "lightning_ddp.py", idx, out, "--accelerator", accel)
     ranks = [json.loads((out / f"lightning-rank{r}.json").read_text()) for r in range(a.gpus)]
     for case in ("fit-shuffle1-drop0", "fit-shuffle1-drop1", "eval", "fabric", "resume-rest"):
@@ -61,14 +65,20 @@ def main(argv=None):
         r["ours/resume-head"]["fit/0"] + r["ours/resume-rest"].get("fit/0", []) == r["ours/fit-shuffle1-drop0"]["fit/0"]
         and r["ours/resume-rest"]["fit/1"] == r["ours/fit-shuffle1-drop0"]["fit/1"] for r in ranks)
     report["lightning/devices"] = [r["ours/devices"] for r in ranks]
+    report["lightning/backend"] = [r["ours/backend"] for r in ranks]
     torchrun(a.gpus, "accelerate_ddp.py", idx, out, *([] if a.cpu else ["--gpu"]))
     ranks = [json.loads((out / f"accelerate-rank{r}.json").read_text()) for r in range(a.gpus)]
+    report["accelerate/backend"] = [r["ours/backend"] for r in ranks]
     for case in ("default/shuffle1-drop0", "split_batches/shuffle1-drop0", "uneven/shuffle0-drop0"):
         ours = [r[f"ours/{case}"] for r in ranks]
         report[f"accelerate/{case}"] = dict(per_rank=[[len(e) for e in r] for r in ours],
                                             same_as_torch=ours == [r[f"torch/{case}"] for r in ranks],
                                             iterates=ranks[0][f"ours/{case}/iterates"],
                                             devices=[r[f"ours/{case}/devices"] for r in ranks])
+    _timing(a, idx, out, accel, report)
+
+
+def _timing(a, idx, out, accel, report):
     for g in sorted({1, a.gpus}):
         d = out / f"timing{g}"
         d.mkdir(exist_ok=True)
@@ -77,7 +87,8 @@ def main(argv=None):
         t = [json.loads((d / f"lightning-rank{r}.json").read_text())["timing"] for r in range(g)]
         report[f"timing/{g}gpu"] = dict(per_rank_img_s=[round(x["img_s"]) for x in t],
                                         aggregate_img_s=round(sum(x["img_s"] for x in t)),
-                                        devices=[x["devices"] for x in t], epoch_images_per_rank=t[0]["epoch_images"])
+                                        devices=[x["devices"] for x in t], epoch_images_per_rank=t[0]["epoch_images"],
+                                        backend=[x["backend"] for x in t])
     one, many = report["timing/1gpu"]["aggregate_img_s"], report[f"timing/{a.gpus}gpu"]["aggregate_img_s"]
     report["timing/speedup"] = round(many / one, 2)
     (out / "ddp_frameworks.json").write_text(json.dumps(report, indent=1))

@@ -23,7 +23,8 @@ def torchrun(script, *args, timeout=300):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}",
            str(ROOT / "tests" / "frameworks" / script), *map(str, args)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     return res
@@ -75,6 +76,7 @@ def test_lightning_without_injection_and_with_limits(lightning_run):
     for stage, (r0, r1) in evaluated.items():
         assert set(i for i, _ in r0 + r1) == set(range(N)), stage
     assert ranks[0]["ours/devices"] == ["cpu"]
+    assert ranks[0]["ours/backend"] == ranks[1]["ours/backend"] == "dali", "compiled in the ranks' processes"
 
 
 def test_lightning_fabric_setup_dataloaders(lightning_run):
@@ -125,6 +127,7 @@ def test_accelerate_prepare_shards_ours_and_keeps_it_compiled(accelerate_run, co
 
 def test_accelerate_skip_first_batches(accelerate_run):
     ranks = accelerate_run
+    assert all(r["ours/backend"] == "dali" for r in ranks), "compiled in the ranks' processes"
     ours, theirs = [r["ours/skip2"] for r in ranks], [r["torch/skip2"] for r in ranks]
     full = [r["ours/default/shuffle0-drop0"][0] for r in ranks]
     assert ours == theirs

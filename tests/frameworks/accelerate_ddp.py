@@ -49,6 +49,7 @@ def main():
                 results[f"{kind}/{cname}/{case}/iterates"] = type(prepared.base_dataloader).__module__
                 results[f"{kind}/{cname}/{case}/devices"] = epoch(prepared)[1]
             acc.free_memory()
+        results[f"{kind}/backend"] = getattr(cls(ds, batch_size=4), "backend", "torch")
         acc = Accelerator(cpu=not a.gpu)
         torch.manual_seed(0)
         prepared = acc.prepare(cls(ds, batch_size=4, shuffle=False))
