@@ -318,6 +318,58 @@ def run_gputransforms(root, chain, batch_size, threads, **loader_kwargs):
     return make
 
 
+def _two_labels(root):
+    """The folder's files with two labels each (class, and a second one derived from the index):
+    the multi-label list file of a flat folder, without writing one."""
+    samples = torchvision.datasets.ImageFolder(root).samples
+    k = max(t for _, t in samples) + 1
+    return [(p, [t, (7 * i + t) % k]) for i, (p, t) in enumerate(samples)]
+
+
+class UserDataset(torch.utils.data.Dataset):
+    """The hand-written multi-label dataset of DALI's tutorials: PIL in __getitem__."""
+
+    def __init__(self, rows, transform):
+        self.rows, self.transform = rows, transform
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        path, labels = self.rows[i]
+        return self.transform(Image.open(path).convert("RGB")), torch.tensor(labels)
+
+
+def run_torchvision_userdataset(root, chain, batch_size, workers):
+    import torchvision.transforms as T
+
+    dev = torch.device("cuda" if _gpu() else "cpu")
+
+    def make():
+        dl = torch.utils.data.DataLoader(UserDataset(_two_labels(root), CHAINS[chain](T)), batch_size=batch_size,
+                                         shuffle=chain != "eval", num_workers=workers, pin_memory=_gpu(),
+                                         persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+        return _Moved(dl, dev)
+
+    return make
+
+
+def run_gputransforms_imagelist(root, chain, batch_size, threads):
+    from gputransforms import DataLoader, datasets
+    from gputransforms import transforms as T
+
+    def make():
+        import torch as _t
+
+        rows = [(p, _t.tensor(labels)) for p, labels in _two_labels(root)]
+        ds = datasets.ImageList(rows, transform=CHAINS[chain](T))
+        return DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=threads)
+
+    return make
+
+
 # --- report -------------------------------------------------------------------------------------
 
 def table(rows) -> str:
@@ -359,7 +411,9 @@ def bar_chart(rows, path: Path):
 PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwritten,
              "dali-experimental-tv": run_dali_experimental, "gputransforms": run_gputransforms,
              # libjpeg-turbo's chroma upsampling on the GPU: closer to PIL, slower
-             "gputransforms-fancy-ups": lambda *a: run_gputransforms(*a, jpeg_fancy_upsampling=True)}
+             "gputransforms-fancy-ups": lambda *a: run_gputransforms(*a, jpeg_fancy_upsampling=True),
+             # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
+             "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist}
 
 
 def make_data(root: str, n: int):
@@ -399,7 +453,7 @@ def main(argv=None):
                 continue
             # timm's RandAugment needs PIL images: gputransforms hands that chain to torch's worker
             # processes, so it gets the worker count torchvision's DataLoader gets
-            threads = a.workers if name == "torchvision" or chain == "timm_ra" else a.threads
+            threads = a.workers if name.startswith("torchvision") or chain == "timm_ra" else a.threads
             n = a.images or (n_files if name == "torchvision" else 2 * n_files)
             if name == "dali-experimental-tv":
                 n = min(n, 384)

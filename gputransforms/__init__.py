@@ -5,7 +5,8 @@
 from . import datasets, transforms
 from .compiler import explain, plan
 from .files import BadSampleError
+from .inference import CompiledTransform, compile  # noqa: A004 - gputransforms.compile, as the issue names it
 from .loader import DataLoader, FallbackWarning, SkippedSamplesWarning
 
 __version__ = "0.1.0"
-__all__ = ["BadSampleError", "DataLoader", "FallbackWarning", "SkippedSamplesWarning", "datasets", "explain", "plan", "transforms"]
+__all__ = ["BadSampleError", "CompiledTransform", "DataLoader", "compile", "FallbackWarning", "SkippedSamplesWarning", "datasets", "explain", "plan", "transforms"]

@@ -123,3 +123,12 @@ def perspective_coefficients(startpoints, endpoints):
     from torchvision.transforms.functional import _get_perspective_coeffs
 
     return _get_perspective_coeffs(startpoints, endpoints)
+
+
+def dataset_loader(dataset):
+    """The image loader of a torchvision file-backed dataset (Food101, DTD, ...): torchvision 0.29
+    keeps a ``loader`` argument, older versions open ``PIL.Image.open(f).convert("RGB")`` inline,
+    which is ``default_loader``'s meaning."""
+    from torchvision.datasets.folder import default_loader
+
+    return getattr(dataset, "loader", default_loader)

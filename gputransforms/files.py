@@ -148,6 +148,12 @@ def prepare(index: int, path: str, *, small_jpegs_via_pil: bool = False, check_j
         data = read_file(path)
     except OSError as e:
         raise BadSampleError(index, path, f"cannot read it ({e.strerror or e})") from e
+    return prepare_bytes(index, path, data, small_jpegs_via_pil=small_jpegs_via_pil, check_jpeg_scan=check_jpeg_scan)
+
+
+def prepare_bytes(index: int, path: str, data: bytes, *, small_jpegs_via_pil: bool = False,
+                  check_jpeg_scan: bool = False) -> np.ndarray:
+    """``prepare`` for an encoded image already in memory (``path`` only names it in errors)."""
     if not data:
         raise BadSampleError(index, path, "empty file")
     kind = sniff(data)

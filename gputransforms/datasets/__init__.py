@@ -6,9 +6,18 @@ plain ``torch.utils.data.DataLoader``. ``gputransforms.DataLoader`` reads ``samp
 """
 from torchvision.datasets import DatasetFolder as _TVDatasetFolder
 from torchvision.datasets import ImageFolder as _TVImageFolder
+from torchvision.datasets import (DTD, SUN397, CelebA, Country211, EuroSAT, FGVCAircraft, Flowers102,  # noqa: F401
+                                  Food101, Imagenette, OxfordIIITPet, Places365, StanfordCars)
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, has_file_allowed_extension
 
-__all__ = ["DatasetFolder", "ImageFolder", "IMG_EXTENSIONS", "default_loader", "has_file_allowed_extension"]
+from .imagelist import ImageList
+
+#: torchvision's file-backed datasets, re-exported unchanged: gputransforms.DataLoader compiles them
+#: (datasets/adapters.py) whether they come from here or from torchvision.datasets
+FILE_BACKED = ["CelebA", "Country211", "DTD", "EuroSAT", "FGVCAircraft", "Flowers102", "Food101", "Imagenette",
+               "OxfordIIITPet", "Places365", "StanfordCars", "SUN397"]
+__all__ = ["DatasetFolder", "ImageFolder", "ImageList", "IMG_EXTENSIONS", "default_loader",
+           "has_file_allowed_extension"] + FILE_BACKED
 
 
 class DatasetFolder(_TVDatasetFolder):

@@ -11,11 +11,17 @@ to it), and the transform chain. ``resolve(dataset)`` answers with a ``FileSampl
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Optional
 
 import torch.utils.data as tud
+import torchvision.datasets as tvd
 from torchvision.datasets import DatasetFolder
 from torchvision.datasets.folder import default_loader, pil_loader
+from torchvision.datasets.vision import StandardTransform
+
+from .. import _compat
+from .imagelist import ImageList
 
 
 class NotCompilable(Exception):
@@ -55,6 +61,72 @@ def _folder(ds: DatasetFolder) -> FileSamples:
                        None if ds.target_transform is None else [ds.target_transform] * n)
 
 
+def _rgb_loader(ds) -> None:
+    if _compat.dataset_loader(ds) not in (default_loader, pil_loader):
+        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does")
+
+
+def _target_transforms(ds, n: int) -> Optional[list]:
+    joint = getattr(ds, "transforms", None)
+    if joint is not None and not isinstance(joint, StandardTransform):
+        raise NotCompilable(f"{type(ds).__name__} was given a joint `transforms` (image and target together)")
+    return None if ds.target_transform is None else [ds.target_transform] * n
+
+
+def _image_list(ds: ImageList) -> FileSamples:
+    _rgb_loader(ds)
+    return FileSamples([p for p, _ in ds.samples], list(ds.targets), ds.transform,
+                       _target_transforms(ds, len(ds.samples)))
+
+
+def _image_files(ds) -> FileSamples:
+    """Food101, Flowers102, DTD, FGVCAircraft, SUN397: ``_image_files`` and ``_labels``."""
+    _rgb_loader(ds)
+    return FileSamples([os.fspath(p) for p in ds._image_files], list(ds._labels), ds.transform,
+                       _target_transforms(ds, len(ds._image_files)))
+
+
+def _private_samples(ds) -> FileSamples:
+    """StanfordCars, Imagenette: ``_samples`` of (path, label)."""
+    _rgb_loader(ds)
+    return FileSamples([os.fspath(p) for p, _ in ds._samples], [t for _, t in ds._samples], ds.transform,
+                       _target_transforms(ds, len(ds._samples)))
+
+
+def _places365(ds) -> FileSamples:
+    _rgb_loader(ds)
+    return FileSamples([os.fspath(p) for p, _ in ds.imgs], [t for _, t in ds.imgs], ds.transform,
+                       _target_transforms(ds, len(ds.imgs)))
+
+
+def _one_or_tuple(parts: list):
+    return None if not parts else parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def _oxford_pet(ds) -> FileSamples:
+    if "segmentation" in ds._target_types:
+        raise NotCompilable("OxfordIIITPet: target_type 'segmentation' is an image, which the graph does not carry")
+    columns = {"category": ds._labels, "binary-category": getattr(ds, "_bin_labels", None)}
+    targets = [_one_or_tuple([columns[t][i] for t in ds._target_types]) for i in range(len(ds._images))]
+    return FileSamples([os.fspath(p) for p in ds._images], targets, ds.transform,
+                       _target_transforms(ds, len(ds._images)))
+
+
+def _celeba(ds) -> FileSamples:
+    # CelebA opens its files with PIL.Image.open and no convert("RGB"): they are RGB JPEGs, which
+    # is what the graph decodes; its target_transform applies only to a non-empty target
+    columns = {"attr": lambda i: ds.attr[i, :], "identity": lambda i: ds.identity[i, 0],
+               "bbox": lambda i: ds.bbox[i, :], "landmarks": lambda i: ds.landmarks_align[i, :]}
+    unknown = [t for t in ds.target_type if t not in columns]
+    if unknown:
+        raise NotCompilable(f"CelebA: target_type {unknown[0]!r}")
+    n = len(ds.filename)
+    targets = [_one_or_tuple([columns[t](i) for t in ds.target_type]) for i in range(n)]
+    paths = [os.path.join(ds.root, ds.base_folder, "img_align_celeba", f) for f in ds.filename]
+    return FileSamples(paths, targets, ds.transform,
+                       None if ds.target_transform is None or not ds.target_type else [ds.target_transform] * n)
+
+
 def _subset(ds: tud.Subset) -> FileSamples:
     return resolve(ds.dataset).select(ds.indices)
 
@@ -76,7 +148,18 @@ def _concat(ds: tud.ConcatDataset) -> FileSamples:
 #: dataset class -> adapter; a subclass is served by its nearest listed base, unless it overrides
 #: ``__getitem__`` (then what it returns is its own business, and it runs on torch's DataLoader)
 ADAPTERS: dict[type, Callable[[Any], FileSamples]] = {
-    DatasetFolder: _folder,
+    DatasetFolder: _folder,  # ImageFolder, EuroSAT, Country211, a user's DatasetFolder
+    ImageList: _image_list,
+    tvd.Food101: _image_files,
+    tvd.Flowers102: _image_files,
+    tvd.DTD: _image_files,
+    tvd.FGVCAircraft: _image_files,
+    tvd.SUN397: _image_files,
+    tvd.StanfordCars: _private_samples,
+    tvd.Imagenette: _private_samples,
+    tvd.Places365: _places365,
+    tvd.OxfordIIITPet: _oxford_pet,
+    tvd.CelebA: _celeba,
     tud.Subset: _subset,
     tud.ConcatDataset: _concat,
 }
@@ -90,8 +173,9 @@ def resolve(dataset) -> FileSamples:
         if type(dataset).__getitem__ is not cls.__getitem__:
             raise NotCompilable(f"{type(dataset).__name__} overrides __getitem__ of {cls.__name__}")
         return adapter(dataset)
-    raise NotCompilable(f"{type(dataset).__name__} is not a dataset gputransforms can read files from "
-                        f"(compiled: {', '.join(c.__name__ for c in ADAPTERS)} and their compositions)")
+    raise NotCompilable(f"{type(dataset).__name__} is not a dataset gputransforms can read files from (compiled: "
+                        f"{', '.join(c.__name__ for c in ADAPTERS)}; for your own files and labels use "
+                        "gputransforms.datasets.ImageList)")
 
 
 def same_chain(a, b) -> bool:

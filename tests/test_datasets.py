@@ -1,0 +1,222 @@
+"""Datasets beyond ImageFolder, compiled and side by side with torch's DataLoader over the same
+object: ImageList (file lists, multi-label), and torchvision's file-backed datasets passed
+unchanged, each on the on-disk layout its class expects, written here with real photos (the way
+torchvision's own test suite fakes them; md5 checks of the fakes are patched to existence)."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+import torchvision
+from PIL import Image
+
+from gputransforms import DataLoader, FallbackWarning, datasets, sampledata
+from gputransforms import transforms as T
+
+from conftest import DEVICES, abs_diff_stats
+
+TF = T.Compose([T.Resize((48, 48)), T.PILToTensor()])
+# decoder and resize rounding (test_parity's chains; GPU: nvJPEG's chroma upsampling)
+TOL = {"cpu": 0.5, "gpu": 2.0}
+
+
+def write_photos(paths, seed=0):
+    rng = np.random.default_rng(seed)
+    for p in paths:
+        p = str(p)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        sampledata.photo(rng, long_side=int(rng.integers(120, 220))).save(p, "JPEG", quality=90)
+
+
+def food101(root):
+    meta = {"apple_pie": [f"apple_pie/{i}" for i in (101, 7, 33)], "bibimbap": [f"bibimbap/{i}" for i in (5, 12)]}
+    (root / "food-101" / "meta").mkdir(parents=True)
+    (root / "food-101" / "meta" / "train.json").write_text(json.dumps(meta))
+    write_photos([root / "food-101" / "images" / f"{p}.jpg" for ps in meta.values() for p in ps])
+    return torchvision.datasets.Food101(str(root), split="train", transform=TF)
+
+
+def dtd(root):
+    names = ["banded/banded_0001.jpg", "banded/banded_0002.jpg", "zigzagged/zigzagged_0003.jpg",
+             "dotted/dotted_0004.jpg"]
+    labels = root / "dtd" / "dtd" / "labels"
+    labels.mkdir(parents=True)
+    (labels / "train1.txt").write_text("\n".join(names) + "\n")
+    write_photos([root / "dtd" / "dtd" / "images" / n for n in names], seed=1)
+    return torchvision.datasets.DTD(str(root), split="train", partition=1, transform=TF)
+
+
+def oxford_pet(root):
+    rows = ["Abyssinian_1 1 1 1", "Abyssinian_2 1 1 1", "basset_hound_3 3 2 2", "Bengal_4 2 1 2", "beagle_5 4 2 3"]
+    anns = root / "oxford-iiit-pet" / "annotations"
+    anns.mkdir(parents=True)
+    (anns / "trainval.txt").write_text("\n".join(rows) + "\n")
+    write_photos([root / "oxford-iiit-pet" / "images" / f"{r.split()[0]}.jpg" for r in rows], seed=2)
+    return torchvision.datasets.OxfordIIITPet(str(root), split="trainval",
+                                              target_types=("category", "binary-category"), transform=TF)
+
+
+def celeba(root, monkeypatch):
+    monkeypatch.setattr(torchvision.datasets.celeba, "check_integrity", lambda fpath, md5=None: os.path.exists(fpath))
+    base = root / "celeba"
+    base.mkdir()
+    rng = np.random.default_rng(3)
+    files = [f"{i:06d}.jpg" for i in range(1, 8)]
+    split = [0, 0, 1, 0, 2, 0, 0]
+    attr_names = [f"attr_{k}" for k in range(40)]
+    (base / "list_eval_partition.txt").write_text("".join(f"{f} {s}\n" for f, s in zip(files, split)))
+    (base / "identity_CelebA.txt").write_text("".join(f"{f} {rng.integers(1, 50)}\n" for f in files))
+    (base / "list_attr_celeba.txt").write_text(
+        f"{len(files)}\n" + " ".join(attr_names) + "\n"
+        + "".join(f"{f} " + " ".join(str(v) for v in rng.choice([-1, 1], 40)) + "\n" for f in files))
+    (base / "list_bbox_celeba.txt").write_text(
+        f"{len(files)}\nimage_id x_1 y_1 width height\n"
+        + "".join(f"{f} " + " ".join(str(v) for v in rng.integers(0, 200, 4)) + "\n" for f in files))
+    (base / "list_landmarks_align_celeba.txt").write_text(
+        f"{len(files)}\n" + " ".join(f"p{k}" for k in range(10)) + "\n"
+        + "".join(f"{f} " + " ".join(str(v) for v in rng.integers(0, 200, 10)) + "\n" for f in files))
+    write_photos([base / "img_align_celeba" / f for f in files], seed=3)
+    return torchvision.datasets.CelebA(str(root), split="train", target_type=["attr", "identity", "bbox"],
+                                       transform=TF)
+
+
+def flowers102(root, monkeypatch):
+    from scipy.io import savemat
+
+    monkeypatch.setattr(torchvision.datasets.flowers102, "check_integrity",
+                        lambda fpath, md5=None: os.path.exists(fpath))
+    base = root / "flowers-102"
+    base.mkdir()
+    savemat(base / "imagelabels.mat", {"labels": np.array([3, 1, 2, 3, 1, 2, 2])})
+    savemat(base / "setid.mat", {"trnid": np.array([1, 3, 4, 6]), "valid": np.array([2, 5]), "tstid": np.array([7])})
+    write_photos([base / "jpg" / f"image_{i:05d}.jpg" for i in range(1, 8)], seed=4)
+    return torchvision.datasets.Flowers102(str(root), split="train", transform=TF)
+
+
+def stanford_cars(root):
+    from scipy.io import savemat
+
+    base = root / "stanford_cars"
+    (base / "devkit").mkdir(parents=True)
+    names = [f"{i:05d}.jpg" for i in range(1, 6)]
+    annotations = np.array([(n, c) for n, c in zip(names, [2, 1, 3, 2, 1])], dtype=[("fname", object), ("class", object)])
+    savemat(base / "devkit" / "cars_train_annos.mat", {"annotations": annotations})
+    savemat(base / "devkit" / "cars_meta.mat", {"class_names": np.array(["Audi A4", "BMW M3", "Volvo XC90"],
+                                                                       dtype=object)})
+    write_photos([base / "cars_train" / n for n in names], seed=5)
+    return torchvision.datasets.StanfordCars(str(root), split="train", transform=TF)
+
+
+MAKERS = {"Food101": food101, "DTD": dtd, "OxfordIIITPet": oxford_pet, "CelebA": celeba, "Flowers102": flowers102,
+          "StanfordCars": stanford_cars}
+
+
+def same_targets(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_targets(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_torchvision_file_dataset_compiles_with_torchs_targets_and_pixels(tmp_path, monkeypatch, name, device):
+    make = MAKERS[name]
+    ds = make(tmp_path, monkeypatch) if "monkeypatch" in make.__code__.co_varnames else make(tmp_path)
+    assert len(ds) >= 4
+    ours = DataLoader(ds, batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(1), device=device)
+    theirs = tud.DataLoader(ds, batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(1))
+    assert ours.backend == "dali", ours.explain()
+    n = 0
+    for (xo, yo), (xt, yt) in zip(ours, theirs):
+        assert same_targets(yo, yt), f"{name}: targets differ: {yo} vs {yt}"
+        assert abs_diff_stats(xo, xt)["mean"] < TOL[device]
+        n += len(xo)
+    assert n == len(ds)
+
+
+def test_dataset_with_a_joint_transforms_or_a_segmentation_target_is_not_compiled(tmp_path):
+    ds = oxford_pet(tmp_path)
+    seg = torchvision.datasets.OxfordIIITPet(str(tmp_path), target_types="segmentation", transform=TF)
+    with pytest.warns(FallbackWarning, match="segmentation"):
+        assert DataLoader(seg, batch_size=2, device="cpu").backend == "torchvision"
+    assert DataLoader(ds, batch_size=2, device="cpu").backend == "dali"
+
+
+def test_reexported_from_gputransforms_datasets():
+    for name in datasets.FILE_BACKED:
+        assert getattr(datasets, name) is getattr(torchvision.datasets, name)
+
+
+# --- ImageList ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def flat_folder(tmp_path_factory):
+    """A flat folder of photos and a space-separated list with two labels per image, as DALI's
+    tutorials describe a multi-label data set (``image_05973.jpg 0 3``)."""
+    root = tmp_path_factory.mktemp("flat")
+    names = [f"image_{i:05d}.jpg" for i in range(1, 12)]
+    write_photos([root / "images" / n for n in names], seed=6)
+    rng = np.random.default_rng(6)
+    lines = [f"{n} {rng.integers(0, 5)} {rng.integers(0, 5)}" for n in names]
+    (root / "labels.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+class TutorialDataset(tud.Dataset):
+    """What a user writes by hand (the DALI tutorials' seed case): PIL in __getitem__."""
+
+    def __init__(self, root, list_file, transform):
+        self.root, self.transform = root, transform
+        with open(list_file) as f:
+            self.rows = [line.split() for line in f if line.strip()]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        name, *labels = self.rows[i]
+        img = Image.open(os.path.join(self.root, name)).convert("RGB")
+        return self.transform(img), torch.tensor([int(v) for v in labels])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_image_list_multilabel_equals_the_users_own_dataset(flat_folder, device):
+    mine = TutorialDataset(flat_folder / "images", flat_folder / "labels.txt", TF)
+    ours_ds = datasets.ImageList(flat_folder / "labels.txt", root=flat_folder / "images", transform=TF)
+    assert len(ours_ds) == len(mine) and all(isinstance(t, torch.Tensor) and t.shape == (2,) for t in ours_ds.targets)
+    ours = DataLoader(ours_ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(2), device=device)
+    theirs = tud.DataLoader(mine, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(2))
+    assert ours.backend == "dali"
+    for (xo, yo), (xt, yt) in zip(ours, theirs):
+        assert yo.shape == (len(xo), 2) and torch.equal(yo.cpu(), yt)
+        assert abs_diff_stats(xo, xt)["mean"] < TOL[device]
+    # the hand-written dataset itself is not compiled, and the warning names the way to compile it
+    with pytest.warns(FallbackWarning, match="use gputransforms.datasets.ImageList"):
+        assert DataLoader(mine, batch_size=4, device="cpu").backend == "torchvision"
+
+
+def test_image_list_formats(tmp_path, flat_folder):
+    src = sorted((flat_folder / "images").glob("*.jpg"))[:3]
+    csv = tmp_path / "list.csv"
+    csv.write_text("path,label\n" + "".join(f"{p},{k}\n" for k, p in enumerate(src)))
+    ds = datasets.ImageList(csv, classes=["a", "b", "c"])
+    assert ds.targets == [0, 1, 2] and ds.classes == ["a", "b", "c"] and ds.samples[0][0] == str(src[0])
+    tsv = tmp_path / "sub" / "list.tsv"
+    tsv.parent.mkdir()
+    tsv.write_text("# comment\n\n" + "".join(f"{os.path.relpath(p, tsv.parent)}\t{k}\t{k + 1}\n" for k, p in enumerate(src)))
+    ds = datasets.ImageList(tsv)
+    assert [t.tolist() for t in ds.targets] == [[0, 1], [1, 2], [2, 3]]
+    assert os.path.samefile(ds.samples[1][0], src[1])
+    pairs = datasets.ImageList([(str(p), 7) for p in src], transform=TF)
+    x, y = pairs[0]
+    assert y == 7 and x.shape == (3, 48, 48)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a.jpg 1\nb.jpg x\n")
+    with pytest.raises(ValueError, match="line 2: labels must be integers"):
+        datasets.ImageList(bad)
+    labels = next(iter(DataLoader(datasets.ImageList(csv, transform=TF), batch_size=3, device="cpu")))[1]
+    assert labels.tolist() == [0, 1, 2] and labels.dtype == torch.int64
