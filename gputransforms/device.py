@@ -2,6 +2,7 @@
 (nothing here imports them)."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -33,3 +34,15 @@ def resolve(device: Optional[str]) -> str:
 def torch_device(device: str) -> torch.device:
     """The torch device batches are handed over on: this process's current CUDA device for "gpu"."""
     return torch.device("cuda", torch.cuda.current_device()) if device == "gpu" else torch.device("cpu")
+
+
+def default_threads() -> int:
+    """DALI's CPU threads when the user asks for none (``num_workers=0``): the cores this process may
+    use, shared between the ranks that torchrun started on this host (``LOCAL_WORLD_SIZE``), so
+    that N ranks do not each start a thread per core."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, cores // max(1, ranks))
