@@ -253,8 +253,8 @@ class DataLoader(tud.DataLoader):
         epoch starts: a custom batch sampler may share one iterator between its iter() calls
         (Lightning's _IndexBatchSamplerWrapper does), and scanning it must not draw from the RNG."""
         if self._max_batch_size is None:
-            size = self.batch_size or getattr(self.batch_sampler, "batch_size", None)
-            if not (isinstance(size, int) and size > 0):
+            size = self.batch_size or _declared_batch_size(self.batch_sampler)
+            if size is None:  # a batch sampler that declares no size: scan it (it may count its passes)
                 gen_state = self.generator.get_state() if self.generator is not None else None
                 with torch.random.fork_rng(devices=[]):
                     size = max((len(b) for b in self._index_sampler), default=1)
@@ -288,6 +288,18 @@ class DataLoader(tud.DataLoader):
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _declared_batch_size(batch_sampler, depth: int = 4) -> Optional[int]:
+    """The ``batch_size`` a batch sampler, or one it wraps, declares (Accelerate's SkipBatchSampler
+    wraps its BatchSamplerShard, which wraps torch's BatchSampler): no iteration, which a stateful
+    sampler would count as a pass (Accelerate's SeedableRandomSampler advances its epoch)."""
+    while batch_sampler is not None and depth > 0:
+        size = getattr(batch_sampler, "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+        batch_sampler, depth = getattr(batch_sampler, "batch_sampler", None), depth - 1
+    return None
 
 
 def _sharded(sampler, depth: int = 3) -> bool:

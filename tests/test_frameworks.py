@@ -133,3 +133,15 @@ def test_accelerate_skip_first_batches(accelerate_run):
     assert ours == theirs
     for r in (0, 1):
         assert [tuple(s) for s in ours[r]] == [tuple(s) for s in full[r][8:]], "two batches of 4 skipped"
+
+
+def test_accelerate_mid_epoch_resume_with_save_state_and_skip_first_batches(accelerate_run):
+    """Accelerate's own recipe (use_seedable_sampler, save_state after 2 batches, then load_state
+    and skip_first_batches(2)): the rest of the epoch and the next one are the uninterrupted run's,
+    for ours as for torch's. (Our loader once scanned Accelerate's SkipBatchSampler for its batch
+    size, which advanced the SeedableRandomSampler's epoch.)"""
+    for r in accelerate_run:
+        for kind in ("ours", "torch"):
+            d = r[f"{kind}/resume"]
+            assert len(d["head"]) == 8 and d["head"] + d["rest"] == d["full"][0], kind
+            assert d["next"] == d["full"][1], kind

@@ -54,6 +54,34 @@ def main():
         torch.manual_seed(0)
         prepared = acc.prepare(cls(ds, batch_size=4, shuffle=False))
         results[f"{kind}/skip2"] = epoch(skip_first_batches(prepared, 2))[0]
+        # mid-epoch resume as Accelerate documents it: save_state after 2 batches, then in a "new run"
+        # load_state and skip_first_batches(2); the rest of the epoch and the next are the uninterrupted run's
+        seedable = DataLoaderConfiguration(use_seedable_sampler=True)  # Accelerate's reproducible shuffle
+        torch.manual_seed(0)
+        dl = Accelerator(cpu=not a.gpu, dataloader_config=seedable).prepare(cls(ds, batch_size=4, shuffle=True))
+        full = []
+        for e in range(2):
+            dl.set_epoch(e)
+            full.append(epoch(dl)[0])
+        acc = Accelerator(cpu=not a.gpu, dataloader_config=seedable)
+        torch.manual_seed(0)
+        m, dl = acc.prepare(torch.nn.Linear(1, 1), cls(ds, batch_size=4, shuffle=True))
+        dl.set_epoch(0)
+        it, head = iter(dl), []
+        for _ in range(2):
+            x, y = next(it)
+            head += list(zip(decode_index(x)[0], y.tolist()))
+        state_dir = os.path.join(a.out, f"{kind}-state")
+        acc.save_state(state_dir)
+        del it
+        torch.manual_seed(0)  # the same script, the same seed (Accelerate: set_seed); load_state restores the rest
+        acc = Accelerator(cpu=not a.gpu, dataloader_config=seedable)
+        m, dl = acc.prepare(torch.nn.Linear(1, 1), cls(ds, batch_size=4, shuffle=True))
+        acc.load_state(state_dir)
+        dl.set_epoch(0)
+        rest = epoch(acc.skip_first_batches(dl, 2))[0]
+        dl.set_epoch(1)
+        results[f"{kind}/resume"] = dict(full=full, head=head, rest=rest, next=epoch(dl)[0])
     rank = int(os.environ.get("RANK", 0))
     with open(os.path.join(a.out, f"accelerate-rank{rank}.json"), "w") as f:
         json.dump(results, f)
