@@ -109,7 +109,33 @@ def stanford_cars(root):
     return torchvision.datasets.StanfordCars(str(root), split="train", transform=TF)
 
 
-MAKERS = {"Food101": food101, "DTD": dtd, "OxfordIIITPet": oxford_pet, "CelebA": celeba, "Flowers102": flowers102,
+def fgvc_aircraft(root):
+    data = root / "fgvc-aircraft-2013b" / "data"
+    data.mkdir(parents=True)
+    (data / "variants.txt").write_text("707-320\nBoeing 717\nA340-500\n")
+    rows = ["1025794 707-320", "0034309 A340-500", "2044455 Boeing 717", "1100112 707-320"]
+    (data / "images_variant_trainval.txt").write_text("\n".join(rows) + "\n")
+    write_photos([data / "images" / f"{r.split()[0]}.jpg" for r in rows], seed=7)
+    return torchvision.datasets.FGVCAircraft(str(root), split="trainval", annotation_level="variant", transform=TF)
+
+
+def sun397(root):
+    base = root / "SUN397"
+    base.mkdir()
+    (base / "ClassName.txt").write_text("/a/abbey\n/b/bakery/shop\n/c/canyon\n")
+    write_photos([base / "a" / "abbey" / "sun_aaa.jpg", base / "b" / "bakery" / "shop" / "sun_bbb.jpg",
+                  base / "c" / "canyon" / "sun_ccc.jpg", base / "a" / "abbey" / "sun_ddd.jpg"], seed=8)
+    return torchvision.datasets.SUN397(str(root), transform=TF)
+
+
+def imagenette(root):
+    train = root / "imagenette2-160" / "train"
+    write_photos([train / "n01440764" / "ILSVRC2012_val_00000293.JPEG", train / "n01440764" / "n01440764_1.JPEG",
+                  train / "n02979186" / "n02979186_7.JPEG", train / "n02102040" / "n02102040_3.JPEG"], seed=9)
+    return torchvision.datasets.Imagenette(str(root), split="train", size="160px", transform=TF)
+
+
+MAKERS = {"FGVCAircraft": fgvc_aircraft, "SUN397": sun397, "Imagenette": imagenette, "Food101": food101, "DTD": dtd, "OxfordIIITPet": oxford_pet, "CelebA": celeba, "Flowers102": flowers102,
           "StanfordCars": stanford_cars}
 
 
