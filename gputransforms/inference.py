@@ -70,7 +70,7 @@ class CompiledTransform:
                                     num_threads=self.num_threads, seed=self.seed, prefetch_queue_depth=1)
 
     def _run(self, chunk: list, offset: int) -> list:
-        from .loader import _to_torch
+        from .compiler.dali import to_torch  # DALI is imported on first use
 
         data = [self._encoded(offset + k, item) for k, item in enumerate(chunk)]
         if self._pipe is None:
@@ -84,7 +84,7 @@ class CompiledTransform:
         except RuntimeError as e:
             self._pipe = None  # a DALI pipeline is dead after any error
             raise self._name_failure(chunk, offset, e) from e
-        images = _to_torch(out[0])
+        images = to_torch(out[0])
         if isinstance(images, torch.Tensor):
             if self.plan.tail:
                 images = tail.run_tail(images, self.plan, dev, self._stages)

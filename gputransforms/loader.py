@@ -324,9 +324,9 @@ class _TorchIterator:
         self.dev = torch_device(loader.device)
         self.it = tud.DataLoader.__iter__(loader)
         self.yielded, self.done, self.skipped = 0, False, []
-        for _ in range(resume.batches if resume is not None else 0):
-            next(self.it, None)
-            self.yielded += 1
+        if resume is not None:
+            state.skip_batches(self.it, resume.batches)
+            self.yielded = resume.batches
 
     def __iter__(self):
         return self
@@ -370,6 +370,9 @@ class _CompiledIterator:
         self.epoch: Optional[EpochFeed] = None  # started by the first next(): the sampler draws then, as torch's
         self.dev = torch_device(loader.device)
         self.stream = torch.cuda.current_stream(self.dev) if self.dev.type == "cuda" else None
+        from .compiler.dali import to_torch  # DALI is imported only on the compiled path
+
+        self.to_torch = to_torch
         self.scheduled = False
         self.first = True
         self.done = False
@@ -405,7 +408,7 @@ class _CompiledIterator:
                 self._release(dirty=False)
                 raise err from e
         indices = self.epoch.in_flight.popleft()
-        images = _to_torch(out[0])
+        images = self.to_torch(out[0])
         pipe.schedule_run()
         self.yielded += 1
         plan = loader.plan
@@ -423,11 +426,11 @@ class _CompiledIterator:
         batch = list(zip(images.unbind(0) if isinstance(images, torch.Tensor) else images,
                          [loader._files.target(i) for i in indices]))
         first, self.first = self.first, False
-        if not first:
-            return _to_device(loader._user_collate(batch), self.dev)
         try:
             return _to_device(loader._user_collate(batch), self.dev)
         except Exception as e:  # noqa: BLE001 - any failure on the first batch gets the explanation
+            if not first:
+                raise
             name = getattr(loader._user_collate, "__name__", type(loader._user_collate).__name__)
             msg = (f"{e}\n(gputransforms: collate_fn {name} failed on the first compiled batch. It receives what "
                    f"torch's DataLoader gives it, a list of (image, target) pairs, but each image is already "
@@ -482,13 +485,6 @@ class _CompiledIterator:
                 self._release(dirty=True)
             except Exception:  # noqa: BLE001 - at interpreter exit the loader may be half gone
                 pass
-
-
-def _to_torch(tensor_list):
-    """A DALI TensorList as one torch tensor (zero-copy via DLPack), or a list when shapes differ."""
-    if tensor_list.is_dense_tensor():
-        return torch.from_dlpack(tensor_list.as_tensor())
-    return [torch.from_dlpack(tensor_list[i]) for i in range(len(tensor_list))]
 
 
 def _to_device(batch, dev: torch.device):

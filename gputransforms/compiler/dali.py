@@ -292,6 +292,13 @@ def _auto_augment(g: _Graph, step: Step, **_) -> None:
     g.img = apply_auto_augment(policy, g.img, **kwargs)
 
 
+def to_torch(tensor_list):
+    """A DALI TensorList as one torch tensor (zero-copy via DLPack), or a list when shapes differ."""
+    if tensor_list.is_dense_tensor():
+        return torch.from_dlpack(tensor_list.as_tensor())
+    return [torch.from_dlpack(tensor_list[i]) for i in range(len(tensor_list))]
+
+
 LOWER: dict[str, Callable] = {
     "auto_augment": _auto_augment,
     "trivial_augment_wide": _trivial_augment_wide,

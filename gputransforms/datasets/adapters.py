@@ -53,50 +53,21 @@ class FileSamples:
                            None if self.target_transforms is None else [self.target_transforms[i] for i in idx])
 
 
-def _folder(ds: DatasetFolder) -> FileSamples:
-    if ds.loader not in (default_loader, pil_loader):
-        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does")
-    n = len(ds.samples)
-    return FileSamples([p for p, _ in ds.samples], [t for _, t in ds.samples], ds.transform,
-                       None if ds.target_transform is None else [ds.target_transform] * n)
-
-
-def _rgb_loader(ds) -> None:
+def _from_rows(ds, paths, targets) -> FileSamples:
+    """What most datasets are: ``transform(loader(paths[i]))`` and ``target_transform(targets[i])``,
+    compiled when the loader is PIL's RGB one (older torchvision datasets open files inline the same
+    way) and no joint ``transforms`` was given."""
     if _compat.dataset_loader(ds) not in (default_loader, pil_loader):
         raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does")
-
-
-def _target_transforms(ds, n: int) -> Optional[list]:
     joint = getattr(ds, "transforms", None)
     if joint is not None and not isinstance(joint, StandardTransform):
         raise NotCompilable(f"{type(ds).__name__} was given a joint `transforms` (image and target together)")
-    return None if ds.target_transform is None else [ds.target_transform] * n
+    return FileSamples([os.fspath(p) for p in paths], list(targets), ds.transform,
+                       None if ds.target_transform is None else [ds.target_transform] * len(paths))
 
 
-def _image_list(ds: ImageList) -> FileSamples:
-    _rgb_loader(ds)
-    return FileSamples([p for p, _ in ds.samples], list(ds.targets), ds.transform,
-                       _target_transforms(ds, len(ds.samples)))
-
-
-def _image_files(ds) -> FileSamples:
-    """Food101, Flowers102, DTD, FGVCAircraft, SUN397: ``_image_files`` and ``_labels``."""
-    _rgb_loader(ds)
-    return FileSamples([os.fspath(p) for p in ds._image_files], list(ds._labels), ds.transform,
-                       _target_transforms(ds, len(ds._image_files)))
-
-
-def _private_samples(ds) -> FileSamples:
-    """StanfordCars, Imagenette: ``_samples`` of (path, label)."""
-    _rgb_loader(ds)
-    return FileSamples([os.fspath(p) for p, _ in ds._samples], [t for _, t in ds._samples], ds.transform,
-                       _target_transforms(ds, len(ds._samples)))
-
-
-def _places365(ds) -> FileSamples:
-    _rgb_loader(ds)
-    return FileSamples([os.fspath(p) for p, _ in ds.imgs], [t for _, t in ds.imgs], ds.transform,
-                       _target_transforms(ds, len(ds.imgs)))
+def _pairs(ds, pairs) -> FileSamples:
+    return _from_rows(ds, [p for p, _ in pairs], [t for _, t in pairs])
 
 
 def _one_or_tuple(parts: list):
@@ -107,9 +78,8 @@ def _oxford_pet(ds) -> FileSamples:
     if "segmentation" in ds._target_types:
         raise NotCompilable("OxfordIIITPet: target_type 'segmentation' is an image, which the graph does not carry")
     columns = {"category": ds._labels, "binary-category": getattr(ds, "_bin_labels", None)}
-    targets = [_one_or_tuple([columns[t][i] for t in ds._target_types]) for i in range(len(ds._images))]
-    return FileSamples([os.fspath(p) for p in ds._images], targets, ds.transform,
-                       _target_transforms(ds, len(ds._images)))
+    return _from_rows(ds, ds._images,
+                      [_one_or_tuple([columns[t][i] for t in ds._target_types]) for i in range(len(ds._images))])
 
 
 def _celeba(ds) -> FileSamples:
@@ -147,17 +117,21 @@ def _concat(ds: tud.ConcatDataset) -> FileSamples:
 
 #: dataset class -> adapter; a subclass is served by its nearest listed base, unless it overrides
 #: ``__getitem__`` (then what it returns is its own business, and it runs on torch's DataLoader)
+def _image_files(ds) -> FileSamples:
+    return _from_rows(ds, ds._image_files, ds._labels)
+
+
 ADAPTERS: dict[type, Callable[[Any], FileSamples]] = {
-    DatasetFolder: _folder,  # ImageFolder, EuroSAT, Country211, a user's DatasetFolder
-    ImageList: _image_list,
-    tvd.Food101: _image_files,
+    DatasetFolder: lambda ds: _pairs(ds, ds.samples),  # ImageFolder, EuroSAT, Country211, a user's DatasetFolder
+    ImageList: lambda ds: _pairs(ds, ds.samples),
+    tvd.Food101: _image_files,  # these five keep ``_image_files`` and ``_labels``
     tvd.Flowers102: _image_files,
     tvd.DTD: _image_files,
     tvd.FGVCAircraft: _image_files,
     tvd.SUN397: _image_files,
-    tvd.StanfordCars: _private_samples,
-    tvd.Imagenette: _private_samples,
-    tvd.Places365: _places365,
+    tvd.StanfordCars: lambda ds: _pairs(ds, ds._samples),
+    tvd.Imagenette: lambda ds: _pairs(ds, ds._samples),
+    tvd.Places365: lambda ds: _pairs(ds, ds.imgs),
     tvd.OxfordIIITPet: _oxford_pet,
     tvd.CelebA: _celeba,
     tud.Subset: _subset,
