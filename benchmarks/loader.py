@@ -370,6 +370,19 @@ def run_gputransforms_imagelist(root, chain, batch_size, threads):
     return make
 
 
+def run_gputransforms_userdataset(root, chain, batch_size, threads):
+    """The hand-written Dataset itself, passed to gputransforms.DataLoader: its files and targets are
+    found by running its __getitem__ on a placeholder (datasets/discover.py; in the time to first batch)."""
+    from gputransforms import DataLoader
+    from gputransforms import transforms as T
+
+    def make():
+        return DataLoader(UserDataset(_two_labels(root), CHAINS[chain](T)), batch_size=batch_size,
+                          shuffle=chain != "eval", num_workers=threads)
+
+    return make
+
+
 # --- report -------------------------------------------------------------------------------------
 
 def table(rows) -> str:
@@ -413,7 +426,8 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              # libjpeg-turbo's chroma upsampling on the GPU: closer to PIL, slower
              "gputransforms-fancy-ups": lambda *a: run_gputransforms(*a, jpeg_fancy_upsampling=True),
              # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
-             "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist}
+             "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist,
+             "gputransforms-userdataset": run_gputransforms_userdataset}
 
 
 def make_data(root: str, n: int):

@@ -149,14 +149,14 @@ class DataLoader(tud.DataLoader):
 
     # planning -------------------------------------------------------------------------------------
     def _choose_backend(self, dataset) -> tuple[Optional[Plan], str, str]:
-        try:
-            self._files = resolve(dataset)
-        except NotCompilable as e:
-            return None, "torchvision", str(e)
         if self.batch_size is None and self.batch_sampler is None:
             return None, "torchvision", "batch_size=None: per-sample items, not batches"
         if not dali_available():
             return None, "torchvision", "NVIDIA DALI is not installed"
+        try:
+            self._files = resolve(dataset)
+        except NotCompilable as e:
+            return None, "torchvision", str(e)
         p = make_plan(self._files.transform)
         if not p.compiled:
             return p, "torchvision", p.tail_reason
@@ -176,6 +176,8 @@ class DataLoader(tud.DataLoader):
     def explain(self) -> str:
         head = (f"gputransforms.DataLoader: {len(self.dataset)} samples, batch_size={self.batch_size}, "
                 f"backend={self.backend}, device={self.device}")
+        if self._files is not None and self._files.origin:
+            head += f"\n  files: {self._files.origin}"
         if self._user_collate is not None and self.backend == "dali":
             head += f"\n  collate_fn {getattr(self._user_collate, '__name__', type(self._user_collate).__name__)} " \
                     "runs on each compiled batch"

@@ -135,8 +135,45 @@ def imagenette(root):
     return torchvision.datasets.Imagenette(str(root), split="train", size="160px", transform=TF)
 
 
-MAKERS = {"FGVCAircraft": fgvc_aircraft, "SUN397": sun397, "Imagenette": imagenette, "Food101": food101, "DTD": dtd, "OxfordIIITPet": oxford_pet, "CelebA": celeba, "Flowers102": flowers102,
-          "StanfordCars": stanford_cars}
+def places365(root, monkeypatch):
+    monkeypatch.setattr(torchvision.datasets.places365, "check_integrity",
+                        lambda fpath, md5=None: os.path.exists(fpath))
+    (root / "categories_places365.txt").write_text("/a/airfield 0\n/b/bakery/shop 1\n/c/canyon 2\n")
+    rows = ["/a/airfield/00000001.jpg 0", "/c/canyon/00000002.jpg 2", "/b/bakery/shop/00000003.jpg 1",
+            "/a/airfield/00000004.jpg 0"]
+    (root / "places365_train_standard.txt").write_text("\n".join(rows) + "\n")
+    write_photos([root / "data_large_standard" / r.split()[0].lstrip("/") for r in rows], seed=10)
+    return torchvision.datasets.Places365(str(root), split="train-standard", transform=TF)
+
+
+def caltech101(root):
+    base = root / "caltech101" / "101_ObjectCategories"
+    write_photos([base / "BACKGROUND_Google" / "image_0001.jpg", base / "accordion" / "image_0001.jpg",
+                  base / "accordion" / "image_0002.jpg", base / "airplanes" / "image_0001.jpg",
+                  base / "Faces" / "image_0001.jpg", base / "Faces" / "image_0002.jpg"], seed=11)
+    return torchvision.datasets.Caltech101(str(root), target_type="category", transform=TF)
+
+
+def caltech256(root):
+    base = root / "caltech256" / "256_ObjectCategories"
+    write_photos([base / "001.ak47" / "001_0001.jpg", base / "001.ak47" / "001_0002.jpg",
+                  base / "002.american-flag" / "002_0001.jpg", base / "003.backpack" / "003_0001.jpg"], seed=12)
+    return torchvision.datasets.Caltech256(str(root), transform=TF)
+
+
+def inaturalist(root):
+    base = root / "2021_train"
+    dirs = ["00000_Animalia_Arthropoda_Insecta_Lepidoptera_Nymphalidae_Danaus_plexippus",
+            "00001_Animalia_Chordata_Aves_Passeriformes_Corvidae_Corvus_corax",
+            "00002_Plantae_Tracheophyta_Magnoliopsida_Rosales_Rosaceae_Rosa_canina"]
+    write_photos([base / d / f"{k}{d[:5]}.jpg" for d in dirs for k in "ab"], seed=13)
+    return torchvision.datasets.INaturalist(str(root), version="2021_train", target_type=["full", "kingdom", "order"],
+                                            transform=TF)
+
+
+MAKERS = {"FGVCAircraft": fgvc_aircraft, "SUN397": sun397, "Imagenette": imagenette, "Food101": food101, "DTD": dtd,
+          "OxfordIIITPet": oxford_pet, "CelebA": celeba, "Flowers102": flowers102, "StanfordCars": stanford_cars,
+          "Places365": places365, "Caltech101": caltech101, "Caltech256": caltech256, "INaturalist": inaturalist}
 
 
 def same_targets(a, b):
@@ -170,6 +207,10 @@ def test_dataset_with_a_joint_transforms_or_a_segmentation_target_is_not_compile
     with pytest.warns(FallbackWarning, match="segmentation"):
         assert DataLoader(seg, batch_size=2, device="cpu").backend == "torchvision"
     assert DataLoader(ds, batch_size=2, device="cpu").backend == "dali"
+    caltech101(tmp_path)
+    ann = torchvision.datasets.Caltech101(str(tmp_path), target_type=["category", "annotation"], transform=TF)
+    with pytest.warns(FallbackWarning, match="'annotation' is read from a .mat file"):
+        assert DataLoader(ann, batch_size=2, device="cpu").backend == "torchvision"
 
 
 def test_reexported_from_gputransforms_datasets():
@@ -220,9 +261,128 @@ def test_image_list_multilabel_equals_the_users_own_dataset(flat_folder, device)
     for (xo, yo), (xt, yt) in zip(ours, theirs):
         assert yo.shape == (len(xo), 2) and torch.equal(yo.cpu(), yt)
         assert abs_diff_stats(xo, xt)["mean"] < TOL[device]
-    # the hand-written dataset itself is not compiled, and the warning names the way to compile it
-    with pytest.warns(FallbackWarning, match="use gputransforms.datasets.ImageList"):
-        assert DataLoader(mine, batch_size=4, device="cpu").backend == "torchvision"
+
+
+# --- a user's own Dataset -------------------------------------------------------------------------
+
+class LoaderDataset(tud.Dataset):
+    """Another usual hand-written shape: torchvision's default_loader (open(path, "rb") handed to
+    PIL), a transform kept under another name, a multi-hot float target, a guarded transform."""
+
+    def __init__(self, rows, tfms, num_classes=5):
+        self.rows, self.tfms, self.num_classes = rows, tfms, num_classes
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        path, labels = self.rows[i]
+        img = torchvision.datasets.folder.default_loader(path)
+        if self.tfms is not None:
+            img = self.tfms(img)
+        target = torch.zeros(self.num_classes)
+        target[labels] = 1.0
+        return img, target
+
+
+def loader_rows(folder):
+    rows = [line.split() for line in (folder / "labels.txt").read_text().splitlines()]
+    return [(str(folder / "images" / name), [int(v) for v in labels]) for name, *labels in rows]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["tutorial", "default_loader", "random_split"])
+def test_users_own_dataset_compiles_with_torchs_targets_and_pixels(flat_folder, device, kind):
+    if kind == "tutorial":
+        mine = TutorialDataset(flat_folder / "images", flat_folder / "labels.txt", TF)
+    else:
+        mine = LoaderDataset(loader_rows(flat_folder), TF)
+    if kind == "random_split":
+        mine = tud.random_split(mine, [7, 4], generator=torch.Generator().manual_seed(5))[0]
+    ours = DataLoader(mine, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(2), device=device)
+    theirs = tud.DataLoader(mine, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(2))
+    assert ours.backend == "dali", ours.explain()
+    assert "__getitem__ on a placeholder image" in ours.explain()
+    n = 0
+    for (xo, yo), (xt, yt) in zip(ours, theirs):
+        assert yo.dtype == yt.dtype and torch.equal(yo.cpu(), yt)
+        assert abs_diff_stats(xo, xt)["mean"] < TOL[device]
+        n += len(xo)
+    assert n == len(mine)
+
+
+class Cropping(TutorialDataset):
+    def __getitem__(self, i):
+        name, *labels = self.rows[i]
+        img = Image.open(os.path.join(self.root, name)).convert("RGB").crop((0, 0, 10, 10))
+        return self.transform(img), int(labels[0])
+
+
+class FromBytes(TutorialDataset):
+    def __getitem__(self, i):
+        import io
+
+        with open(os.path.join(self.root, self.rows[i][0]), "rb") as f:
+            img = Image.open(io.BytesIO(f.read())).convert("RGB")
+        return self.transform(img), 0
+
+
+class NoTransformAttr(TutorialDataset):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.pipeline = lambda img: TF(img)
+        del self.transform
+
+    def __getitem__(self, i):
+        return self.pipeline(Image.open(os.path.join(self.root, self.rows[i][0]))), 0
+
+
+class AsDict(TutorialDataset):
+    def __getitem__(self, i):
+        return {"image": self.transform(Image.open(os.path.join(self.root, self.rows[i][0]))), "label": 0}
+
+
+@pytest.mark.parametrize("cls, why", [(Cropping, "changes the image between opening it and self.transform"),
+                                      (FromBytes, "opens an image from a BytesIO, not from a file"),
+                                      (NoTransformAttr, "has no `transform` attribute"),
+                                      (AsDict, "does not return (self.transform(image), target)")])
+def test_users_dataset_that_cannot_be_read_without_decoding_runs_on_torch_and_says_why(flat_folder, cls, why):
+    import re
+
+    mine = cls(flat_folder / "images", flat_folder / "labels.txt", TF)
+    with pytest.warns(FallbackWarning, match=re.escape(why) + ".*gputransforms.datasets.ImageList"):
+        loader = DataLoader(mine, batch_size=4, device="cpu")
+    assert loader.backend == "torchvision" and why in loader.explain()
+    ref = list(tud.DataLoader(mine, batch_size=4))
+    got = list(loader)  # and it still runs, as torch's does
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        a, b = (list(a.values()), list(b.values())) if isinstance(a, dict) else (a, b)
+        assert torch.equal(a[0], b[0]) and same_targets(a[1], b[1])
+
+
+class OpensInAnotherThreadToo(TutorialDataset):
+    """While its __getitem__ is probed, another thread opens a real file."""
+
+    def __getitem__(self, i):
+        import threading
+
+        sizes = []
+        other = threading.Thread(target=lambda: sizes.append(Image.open(self.other).size))
+        other.start()
+        other.join()
+        self.sizes.append(sizes[0])
+        return super().__getitem__(i)
+
+
+def test_discovery_intercepts_only_its_own_thread_and_restores_pil(flat_folder):
+    real_open = Image.open
+    mine = OpensInAnotherThreadToo(flat_folder / "images", flat_folder / "labels.txt", TF)
+    mine.other = sorted((flat_folder / "images").glob("*.jpg"))[0]
+    mine.sizes = []
+    assert DataLoader(mine, batch_size=4, device="cpu").backend == "dali"
+    assert Image.open is real_open
+    assert len(mine.sizes) == len(mine) and set(mine.sizes) == {Image.open(mine.other).size}
 
 
 def test_image_list_formats(tmp_path, flat_folder):

@@ -1,21 +1,23 @@
 """Datasets: file lists and labels, exactly torchvision's (they are torchvision's classes), so
 ``classes``, ``class_to_idx``, ``samples``, ``targets``, ``extensions``, ``is_valid_file``,
 ``allow_empty`` and every error are the same, and ``__getitem__`` still works per sample with a
-plain ``torch.utils.data.DataLoader``. ``gputransforms.DataLoader`` reads ``samples`` and
-``transform`` from them and compiles the transform.
+plain ``torch.utils.data.DataLoader``. ``gputransforms.DataLoader`` reads their files, targets and
+``transform`` (adapters.py, one row per class), or finds those of a user's own Dataset by running
+its ``__getitem__`` on a placeholder image (discover.py), and compiles the transform.
 """
 from torchvision.datasets import DatasetFolder as _TVDatasetFolder
 from torchvision.datasets import ImageFolder as _TVImageFolder
-from torchvision.datasets import (DTD, SUN397, CelebA, Country211, EuroSAT, FGVCAircraft, Flowers102,  # noqa: F401
-                                  Food101, Imagenette, OxfordIIITPet, Places365, StanfordCars)
+from torchvision.datasets import (DTD, SUN397, Caltech101, Caltech256, CelebA, Country211,  # noqa: F401
+                                  EuroSAT, FGVCAircraft, Flowers102, Food101, Imagenette, INaturalist,
+                                  OxfordIIITPet, Places365, StanfordCars)
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, has_file_allowed_extension
 
 from .imagelist import ImageList
 
 #: torchvision's file-backed datasets, re-exported unchanged: gputransforms.DataLoader compiles them
 #: (datasets/adapters.py) whether they come from here or from torchvision.datasets
-FILE_BACKED = ["CelebA", "Country211", "DTD", "EuroSAT", "FGVCAircraft", "Flowers102", "Food101", "Imagenette",
-               "OxfordIIITPet", "Places365", "StanfordCars", "SUN397"]
+FILE_BACKED = ["Caltech101", "Caltech256", "CelebA", "Country211", "DTD", "EuroSAT", "FGVCAircraft", "Flowers102",
+               "Food101", "Imagenette", "INaturalist", "OxfordIIITPet", "Places365", "StanfordCars", "SUN397"]
 __all__ = ["DatasetFolder", "ImageFolder", "ImageList", "IMG_EXTENSIONS", "default_loader",
            "has_file_allowed_extension"] + FILE_BACKED
 

@@ -21,6 +21,7 @@ from torchvision.datasets.folder import default_loader, pil_loader
 from torchvision.datasets.vision import StandardTransform
 
 from .. import _compat
+from . import discover
 from .imagelist import ImageList
 
 
@@ -37,6 +38,7 @@ class FileSamples:
     targets: list
     transform: Any
     target_transforms: Optional[list] = None
+    origin: str = ""  # how the files were found, for explain()
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -50,7 +52,8 @@ class FileSamples:
     def select(self, indices) -> "FileSamples":
         idx = [int(i) for i in indices]
         return FileSamples([self.paths[i] for i in idx], [self.targets[i] for i in idx], self.transform,
-                           None if self.target_transforms is None else [self.target_transforms[i] for i in idx])
+                           None if self.target_transforms is None else [self.target_transforms[i] for i in idx],
+                           self.origin)
 
 
 def _from_rows(ds, paths, targets) -> FileSamples:
@@ -97,6 +100,38 @@ def _celeba(ds) -> FileSamples:
                        None if ds.target_transform is None or not ds.target_type else [ds.target_transform] * n)
 
 
+def _caltech101(ds) -> FileSamples:
+    # Caltech opens its files with PIL.Image.open and no convert("RGB"): its few grayscale
+    # JPEGs come out of the graph with 3 channels (torchvision's would have 1 and not batch)
+    if "annotation" in ds.target_type:
+        raise NotCompilable("Caltech101: target_type 'annotation' is read from a .mat file per sample")
+    paths = [os.path.join(ds.root, "101_ObjectCategories", ds.categories[y], f"image_{k:04d}.jpg")
+             for y, k in zip(ds.y, ds.index)]
+    return _inline_open(ds, paths, list(ds.y))
+
+
+def _caltech256(ds) -> FileSamples:
+    paths = [os.path.join(ds.root, "256_ObjectCategories", ds.categories[y], f"{y + 1:03d}_{k:04d}.jpg")
+             for y, k in zip(ds.y, ds.index)]
+    return _inline_open(ds, paths, list(ds.y))
+
+
+def _inaturalist(ds) -> FileSamples:
+    if getattr(ds, "loader", None) not in (None, default_loader, pil_loader):
+        raise NotCompilable("INaturalist has a custom loader; DALI decodes only what PIL's RGB loader does")
+    paths = [os.path.join(ds.root, ds.all_categories[c], f) for c, f in ds.index]
+    targets = [_one_or_tuple([c if t == "full" else ds.categories_map[c][t] for t in ds.target_type])
+               for c, _ in ds.index]
+    return _inline_open(ds, paths, targets)
+
+
+def _inline_open(ds, paths, targets) -> FileSamples:
+    """Datasets that open with ``PIL.Image.open`` in ``__getitem__`` and apply ``transform`` then
+    ``target_transform`` to the whole target."""
+    return FileSamples(paths, targets, ds.transform,
+                       None if ds.target_transform is None else [ds.target_transform] * len(paths))
+
+
 def _subset(ds: tud.Subset) -> FileSamples:
     return resolve(ds.dataset).select(ds.indices)
 
@@ -134,22 +169,34 @@ ADAPTERS: dict[type, Callable[[Any], FileSamples]] = {
     tvd.Places365: lambda ds: _pairs(ds, ds.imgs),
     tvd.OxfordIIITPet: _oxford_pet,
     tvd.CelebA: _celeba,
+    tvd.Caltech101: _caltech101,
+    tvd.Caltech256: _caltech256,
+    tvd.INaturalist: _inaturalist,
     tud.Subset: _subset,
     tud.ConcatDataset: _concat,
 }
 
 
 def resolve(dataset) -> FileSamples:
+    """The dataset's row in ``ADAPTERS``; else, for any other map-style dataset (a user's own, or a
+    subclass whose ``__getitem__`` differs from its listed base's), what running its ``__getitem__``
+    on a placeholder image shows (``discover.py``)."""
+    name = type(dataset).__name__
     for cls in type(dataset).__mro__:
         adapter = ADAPTERS.get(cls)
         if adapter is None:
             continue
-        if type(dataset).__getitem__ is not cls.__getitem__:
-            raise NotCompilable(f"{type(dataset).__name__} overrides __getitem__ of {cls.__name__}")
-        return adapter(dataset)
-    raise NotCompilable(f"{type(dataset).__name__} is not a dataset gputransforms can read files from (compiled: "
-                        f"{', '.join(c.__name__ for c in ADAPTERS)}; for your own files and labels use "
-                        "gputransforms.datasets.ImageList)")
+        if type(dataset).__getitem__ is cls.__getitem__:
+            files = adapter(dataset)
+            files.origin = files.origin or f"{cls.__name__}'s files and targets (datasets/adapters.py)"
+            return files
+        break
+    if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile")
+    paths, targets, chain = discover.discover(dataset)
+    return FileSamples(paths, targets, chain, None,
+                       f"found by running {name}.__getitem__ on a placeholder image for each of its "
+                       f"{len(paths)} indices (no file decoded; datasets/discover.py)")
 
 
 def same_chain(a, b) -> bool:

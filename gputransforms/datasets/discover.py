@@ -1,0 +1,177 @@
+"""A user's own map-style Dataset, read by running its ``__getitem__`` without decoding anything.
+
+The hand-written dataset of every tutorial opens one file with ``PIL.Image.open`` and returns
+``(self.transform(img), target)``. To compile it we need, for each index, the file it opens and the
+target it returns. ``discover(ds)`` finds both by calling ``__getitem__`` once per index on a shallow
+copy of the dataset whose transform is a recorder, while ``PIL.Image.open`` (for the calling thread
+only) records the file and hands back a small placeholder image instead of opening it. Each call
+is checked: exactly one file opened, the transform called once on the placeholder left as it was
+(``convert("RGB")`` aside), and ``(image, target)`` returned with the image the transform's output.
+Anything else (a crop before the transform, two files, bytes from an archive, no transform) is a
+``NotCompilable`` whose one line says what the dataset did, and the dataset runs on torch's
+DataLoader as it is.
+
+What this cannot see: randomness or state inside ``__getitem__`` outside the transform (a random
+target is drawn once, here), and opens through functions bound before import (``from PIL.Image
+import open``) or other decoders (``cv2``, ``torchvision.io``): those datasets are reported as not
+opening a file.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from typing import Any, Callable
+
+from PIL import Image
+
+_local = threading.local()
+_lock = threading.Lock()
+_installed = [0, None]  # users of the interception, the real PIL.Image.open
+_SIZE = (23, 17)  # the placeholder: a size and pattern no user code produces by chance
+
+
+class _Undiscoverable(Exception):
+    pass
+
+
+def _template() -> Image.Image:
+    img = Image.new("RGB", _SIZE)
+    img.putdata([(x * 11 % 256, y * 13 % 256, (x + y) * 7 % 256) for y in range(_SIZE[1]) for x in range(_SIZE[0])])
+    return img
+
+
+_TEMPLATE = _template()
+_PATTERN = _TEMPLATE.tobytes()
+
+
+def _path_of(fp) -> str:
+    if isinstance(fp, (str, bytes, os.PathLike)):
+        return os.path.abspath(os.fsdecode(fp))
+    name = getattr(fp, "name", None)
+    if isinstance(name, (str, bytes)) and os.path.isfile(name):  # open(path, "rb") handed to PIL
+        return os.path.abspath(os.fsdecode(name))
+    raise _Undiscoverable(f"opens an image from a {type(fp).__name__}, not from a file")
+
+
+def _open(fp, *args, **kwargs):
+    calls = getattr(_local, "calls", None)
+    if calls is None:  # another thread, or no probe running: PIL's own open
+        return _installed[1](fp, *args, **kwargs)
+    calls.append(_path_of(fp))
+    return _TEMPLATE.copy()
+
+
+class _intercept:
+    """PIL.Image.open records instead of opening, for the thread inside this block only."""
+
+    def __enter__(self):
+        with _lock:
+            if _installed[0] == 0:
+                _installed[1] = Image.open
+                Image.open = _open
+            _installed[0] += 1
+        _local.calls = []
+        return _local.calls
+
+    def __exit__(self, *exc):
+        _local.calls = None
+        with _lock:
+            _installed[0] -= 1
+            if _installed[0] == 0 and Image.open is _open:
+                Image.open = _installed[1]
+
+
+class _Recorder:
+    def __init__(self):
+        self.seen: list = []
+
+    def __call__(self, img):
+        self.seen.append(img)
+        return self
+
+
+def transform_attribute(ds) -> str:
+    """The attribute ``__getitem__`` applies: ``transform`` when the dataset has one, else its one
+    attribute holding a torchvision/timm transform (``self.tfms``, ``self.augment``...)."""
+    if getattr(ds, "transform", None) is not None:
+        return "transform"
+    found = [k for k, v in vars(ds).items() if callable(v) and not isinstance(v, type)
+             and type(v).__module__.startswith(("torchvision.transforms", "timm.data", "gputransforms.transforms"))]
+    if len(found) == 1:
+        return found[0]
+    raise _Undiscoverable("has no `transform` attribute" if not found
+                          else f"has several transforms ({', '.join(found)}) and it is not clear which one it applies")
+
+
+def discover(ds, getitem: Callable[[Any, int], Any] = None):
+    """``(paths, targets, transform)`` of a user's map-style dataset, one entry per index; raises
+    ``NotCompilable`` (from ``adapters``) when ``__getitem__`` does not follow the pattern above."""
+    from .adapters import NotCompilable
+
+    name = type(ds).__name__
+    try:
+        n = len(ds)
+    except TypeError:
+        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile") from None
+    try:
+        try:
+            attr = transform_attribute(ds)
+        except _Undiscoverable:
+            _opens_a_file(ds, getitem or type(ds).__getitem__)
+            raise
+        chain = getattr(ds, attr)
+        probe = copy.copy(ds)
+        recorder = _Recorder()
+        setattr(probe, attr, recorder)
+        getitem = getitem or type(ds).__getitem__
+        paths, targets = [], []
+        with _intercept() as calls:
+            for i in range(n):
+                del calls[:]
+                recorder.seen.clear()
+                try:
+                    out = getitem(probe, i)
+                except _Undiscoverable:
+                    raise
+                except Exception as e:  # what it does to an image needs a real one
+                    what = (f"does something to what self.{attr} returns" if recorder.seen else
+                            f"does something to the image before self.{attr}")
+                    raise _Undiscoverable(f"{what} (on a placeholder, index {i}: {type(e).__name__}: {e})") from None
+                paths.append(_check(i, calls, recorder, out, attr))
+                targets.append(out[1])
+    except _Undiscoverable as e:
+        raise NotCompilable(f"{name}.__getitem__ {e}; to compile it, give the files and targets to "
+                            "gputransforms.datasets.ImageList") from None
+    return paths, targets, chain
+
+
+def _opens_a_file(ds, getitem):
+    """Raise "opens no image" for a dataset that keeps its samples in memory (a clearer reason than
+    a missing transform attribute)."""
+    with _intercept() as calls:
+        try:
+            getitem(ds, 0) if len(ds) else None
+        except Exception:  # noqa: BLE001 - a placeholder in its own transform; it did open a file
+            pass
+        if not calls:
+            raise _Undiscoverable("opens no image with PIL.Image.open (its samples are not image files)")
+
+
+def _check(i: int, calls: list, recorder: _Recorder, out, attr: str) -> str:
+    if len(calls) != 1:
+        raise _Undiscoverable("opens no image with PIL.Image.open" if not calls else
+                              f"opens {len(calls)} files for index {i}")
+    if len(recorder.seen) != 1:
+        raise _Undiscoverable(f"does not call self.{attr} on its image" if not recorder.seen else
+                              f"calls self.{attr} {len(recorder.seen)} times for index {i}")
+    img = recorder.seen[0]
+    # the pixels are compared on the first indices and every 997th (a copy of 1 KiB costs half of
+    # a probe); size and mode on all
+    if not isinstance(img, Image.Image) or img.size != _SIZE or img.mode != "RGB" or \
+            ((i < 64 or i % 997 == 0) and img.tobytes() != _PATTERN):
+        raise _Undiscoverable(f"changes the image between opening it and self.{attr} (a crop, a resize, a mode "
+                              "other than RGB)")
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder or out[1] is recorder:
+        raise _Undiscoverable("does not return (self.transform(image), target)".replace("transform", attr))
+    return calls[0]
