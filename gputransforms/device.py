@@ -46,3 +46,13 @@ def default_threads() -> int:
         cores = os.cpu_count() or 1
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     return max(1, cores // max(1, ranks))
+
+
+def rank_tag() -> str:
+    """"rank R of W" when torch.distributed runs several ranks (errors then say which rank failed),
+    else ""."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f"rank {dist.get_rank()} of {dist.get_world_size()}"
+    return ""

@@ -26,7 +26,8 @@ from . import files, integrations, state
 from .compiler import tail
 from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
 from .datasets.adapters import FileSamples, NotCompilable, resolve
-from .device import dali_available, default_device, default_threads, resolve as resolve_device, torch_device
+from .device import (dali_available, default_device, default_threads, rank_tag, resolve as resolve_device,
+                     torch_device)
 from .feed import EpochFeed, PipelineSlot
 
 __all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning", "dali_available",
@@ -386,6 +387,14 @@ class _CompiledIterator:
         return len(self.loader)
 
     def __next__(self):
+        try:
+            return self._next()
+        except StopIteration:
+            raise
+        except Exception as e:
+            raise _tagged_with_rank(e)
+
+    def _next(self):
         if self.done:
             raise StopIteration
         loader, slot = self.loader, self.slot
@@ -507,6 +516,15 @@ def _to_device(batch, dev: torch.device):
             out[k] = _to_device(v, dev)
         return out
     return batch
+
+
+def _tagged_with_rank(err: Exception) -> Exception:
+    """Under torchrun, a loader's error says which rank raised it (the others then stop at their
+    next collective: torchrun ends them when this process exits)."""
+    tag = rank_tag()
+    if tag and err.args and isinstance(err.args[0], str) and tag not in err.args[0]:
+        err.args = (f"[{tag}] {err.args[0]}",) + err.args[1:]
+    return err
 
 
 def _named_error(err: Exception, indices, samples: FileSamples) -> Exception:

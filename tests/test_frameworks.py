@@ -19,14 +19,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script, *args, timeout=300):
+def torchrun(script, *args, timeout=300, check=True):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}",
            str(ROOT / "tests" / "frameworks" / script), *map(str, args)]
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert res.returncode == 0 or not check, res.stdout[-3000:] + res.stderr[-5000:]
     return res
 
 
@@ -145,3 +145,56 @@ def test_accelerate_mid_epoch_resume_with_save_state_and_skip_first_batches(acce
             d = r[f"{kind}/resume"]
             assert len(d["head"]) == 8 and d["head"] + d["rest"] == d["full"][0], kind
             assert d["next"] == d["full"][1], kind
+
+
+# --- README's torchrun recipe: plain torch.distributed, DistributedSampler + set_epoch -----------
+
+@pytest.fixture(scope="module")
+def torchrun_run(indexed_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("torchrun")
+    torchrun("torchrun_ddp.py", indexed_folder, out)
+    return [json.loads((out / f"torchrun-rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("case", ["shuffle1-drop0", "shuffle0-drop0", "shuffle1-drop1", "shuffle0-drop1"])
+def test_torchrun_recipe_shards_as_torchs_dataloader(torchrun_run, case):
+    ranks = torchrun_run
+    for e in (0, 1):
+        ours = [[tuple(s) for s in r[f"ours/{case}/{e}"]] for r in ranks]
+        assert ours == [[tuple(s) for s in r[f"torch/{case}/{e}"]] for r in ranks], "torch's samples, rank by rank"
+        seen = Counter(i for r in ours for i, _ in r)
+        if case.endswith("drop1"):  # the sampler drops 37 to 36 (18 a rank), the loader the last 2
+            assert [len(r) for r in ours] == [16, 16] and max(seen.values()) == 1
+        else:  # the sampler pads 37 to 38 with one repeated sample; the last batch is partial
+            assert [len(r) for r in ours] == [19, 19] and set(seen) == set(range(N)) and sum(seen.values()) == 38
+        assert all(lab == (0 if i < 13 else 1 if i < 25 else 2) for r in ours for i, lab in r)
+    if case.startswith("shuffle1"):
+        assert ranks[0][f"ours/{case}/0"] != ranks[0][f"ours/{case}/1"], "set_epoch reached the sampler"
+
+
+def test_torchrun_recipe_resumes_each_rank_mid_epoch(torchrun_run):
+    for r in torchrun_run:
+        head, rest = r["ours/resume"]
+        assert len(head) == 8 and head + rest == r["ours/shuffle1-drop0/1"], "batch 3 of epoch 1 follows"
+        assert r["ours/resume"] == r["torch/resume"]
+        assert r["ours/state-bytes"] < 8192, "no image data: the CPU RNG state (5 KiB) and counters"
+    assert torchrun_run[0]["ours/resume"] != torchrun_run[1]["ours/resume"], "each rank its own shard"
+
+
+def test_a_failing_rank_is_named_and_ends_the_job(indexed_folder, tmp_path):
+    """Rank 1 meets a corrupt file while rank 0 waits in a collective: the error names the rank and
+    the file, and the job ends (torchrun stops rank 0 when rank 1 exits) instead of hanging."""
+    import shutil
+    import time
+
+    data = tmp_path / "data"
+    shutil.copytree(indexed_folder, data)
+    bad = sorted(data.glob("class0/*.jpg"))[3]  # sample 3: rank 1's second sample
+    bad.write_bytes(bad.read_bytes()[:200])
+    start = time.monotonic()
+    res = torchrun("torchrun_ddp.py", data, tmp_path, "--fail", timeout=240, check=False)
+    took = time.monotonic() - start
+    assert res.returncode != 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert f"[rank 1 of 2] gputransforms: sample 3 ({bad})" in res.stderr, res.stderr[-3000:]
+    assert "rank 1: finished" not in res.stdout
+    assert took < 120, f"the job took {took:.0f} s to end"
