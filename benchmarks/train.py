@@ -1,0 +1,222 @@
+"""End to end: one training loop fed in turn by each loader, against the model alone.
+
+    python -m benchmarks.train DATA [--models resnet18,resnet50] [--chains train,ta_wide]
+        [--feeds model,dali-handwritten,gputransforms,torchvision] [--images 20000] [--out bench-out/train]
+
+The loop is a torchvision model by name (any of ``torchvision.models``), SGD with momentum, bf16
+autocast and channels_last, cross-entropy on the folder's classes. Feeds:
+
+- ``model``: the model alone on one resident batch (the ceiling);
+- ``dali-handwritten``: benchmarks/loader.py's hand-written DALI pipeline (for ta_wide: DALI's own
+  TrivialAugmentWide, without RandomErasing);
+- ``gputransforms`` (and ``gputransforms-q2``, two batches prepared ahead instead of four): ImageFolder +
+  gputransforms.DataLoader with the user's Compose;
+- ``torchvision``: ImageFolder + torch's DataLoader with every core as a worker, pinned, moved.
+
+Each figure is img/s over ``--images`` images after 10 warm-up steps, epochs restarting as a training
+loop's would. Reported beside it: the fraction of the model alone, the device memory the run takes
+beyond the model's own (device-wide peak, sampled, minus the level of the model-alone run), the main
+process's CPU seconds per 1,000 images (all its threads; torchvision's workers are other processes),
+and the host time spent waiting in ``next()``. ``--profile`` adds a breakdown from torch.profiler:
+GPU kernel time per step, the model's against the loader's (DALI and nvJPEG kernels by name).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+
+from benchmarks.loader import (PIPELINES, _PeakGpuMemory, _device_mem_used, _gpu, _sync, bar_chart, gc_collect,
+                               make_data)
+
+WARMUP = 10
+
+
+def release():
+    """Free what the previous feed held, DALI's memory pools included (they outlive a pipeline and
+    would be reused by the next feed, hiding its memory)."""
+    import sys
+
+    gc_collect()
+    if "nvidia.dali" in sys.modules and _gpu():
+        import nvidia.dali.backend as backend
+
+        backend.ReleaseUnusedMemory()
+
+
+def make_model(name: str, classes: int, dev):
+    model = getattr(torchvision.models, name)(num_classes=classes).to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    dtype = torch.bfloat16
+
+    def step(x, y):
+        x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(dev.type, dtype=dtype):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def batches(make):
+    """Endless (x, y) batches, epoch after epoch, with int64 class labels."""
+    loader = make()
+    while True:
+        for b in loader:
+            x, y = b[0], b[1]
+            yield x, y.reshape(-1).long()
+
+
+def run(step, source, n_images: int, batch_size: int, profile: bool = False) -> dict:
+    for _ in range(WARMUP):
+        step(*next(source))
+    _sync()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    counted, waited = 0, 0.0
+    while counted < n_images:
+        t = time.perf_counter()
+        x, y = next(source)
+        waited += time.perf_counter() - t
+        step(x, y)
+        counted += len(x)
+    _sync()
+    elapsed = time.perf_counter() - t0
+    out = dict(img_s=counted / elapsed, images=counted, cpu_s_per_1k=1000 * (time.process_time() - cpu0) / counted,
+               wait_ms_per_step=1000 * waited / (counted / batch_size))
+    if profile:
+        out["profile"] = kernel_breakdown(step, source)
+    return out
+
+
+def kernel_breakdown(step, source, steps: int = 20) -> dict:
+    """GPU kernel time per step over ``steps`` steps: the loader's (DALI's and nvJPEG's kernels, by
+    name) and the rest (the model's, and any torch kernels a loader runs on the model's stream)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(*next(source))
+        _sync()
+        wall = time.perf_counter() - t0
+    loader_us = model_us = 0.0
+    top: dict = {}
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0.0)
+        if not us or e.key.startswith(("ProfilerStep", "cudaStream", "cudaMemcpy", "cudaLaunch")):
+            continue
+        name = e.key.lower()
+        if getattr(e, "device_type", None) is not None and "cuda" not in str(e.device_type).lower():
+            continue
+        if "dali" in name or "nvjpeg" in name or "nvimgcodec" in name:
+            loader_us += us
+            top[e.key[:80]] = top.get(e.key[:80], 0.0) + us
+        else:
+            model_us += us
+    busiest = sorted(top.items(), key=lambda kv: -kv[1])[:5]
+    return dict(wall_ms_per_step=1000 * wall / steps, model_kernels_ms_per_step=model_us / 1000 / steps,
+                loader_kernels_ms_per_step=loader_us / 1000 / steps,
+                loader_top=[(k, round(v / 1000 / steps, 3)) for k, v in busiest])
+
+
+def feed(name: str, root: str, chain: str, batch_size: int, workers: int, threads: int, dev, classes: int):
+    if name == "model":
+        def resident():
+            x = torch.randn(batch_size, 3, 224, 224, device=dev)
+            y = torch.randint(0, classes, (batch_size,), device=dev)
+            while True:
+                yield x, y
+        return resident()
+    if name == "gputransforms-q2":
+        from benchmarks.loader import run_gputransforms
+
+        return batches(run_gputransforms(root, chain, batch_size, threads, prefetch_factor=2))
+    return batches(PIPELINES[name](root, chain, batch_size, workers if name == "torchvision" else threads))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="training-loop benchmark")
+    ap.add_argument("root")
+    ap.add_argument("--make-data", type=int, default=0, metavar="N")
+    ap.add_argument("--models", default="resnet18,resnet50")
+    ap.add_argument("--chains", default="train,ta_wide")
+    ap.add_argument("--feeds", default="model,dali-handwritten,gputransforms,torchvision")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--images", type=int, default=20000, help="images timed per run (after the warm-up)")
+    ap.add_argument("--torchvision-images", type=int, default=0, help="fewer for torchvision's slower feed")
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", default="bench-out/train")
+    a = ap.parse_args(argv)
+    if a.make_data and not Path(a.root).exists():
+        make_data(a.root, a.make_data)
+    dev = torch.device("cuda" if _gpu() else "cpu")
+    classes = len(torchvision.datasets.folder.find_classes(a.root)[0])
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model_name in a.models.split(","):
+        step = make_model(model_name, classes, dev)
+        for chain in a.chains.split(","):
+            alone = None
+            base_mem = 0
+            for name in a.feeds.split(","):
+                if name == "model" and alone is not None:
+                    continue
+                release()
+                mem = _PeakGpuMemory()
+                row = dict(model=model_name, chain=chain, feed=name)
+                try:
+                    n = a.torchvision_images if name == "torchvision" and a.torchvision_images else a.images
+                    row.update(run(step, feed(name, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes), n,
+                                   a.batch_size, a.profile and name != "torchvision"))
+                    row["mem_mb"] = (max(mem.peak, _device_mem_used()) - mem.base) / 2**20
+                except Exception as e:  # noqa: BLE001 - one failing feed must not hide the others
+                    row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+                mem.stop_mb()
+                if name == "model" and "img_s" in row:
+                    alone, base_mem = row["img_s"], row["mem_mb"]
+                rows.append(row)
+            for r in rows:
+                if r["model"] == model_name and r["chain"] == chain and "img_s" in r and alone:
+                    r["of_model"] = r["img_s"] / alone
+                    r["mem_beyond_model_mb"] = r["mem_mb"] - base_mem
+            dali = next((r.get("img_s") for r in rows if r["model"] == model_name and r["chain"] == chain
+                         and r["feed"] == "dali-handwritten"), None)
+            for r in rows:
+                if r["model"] == model_name and r["chain"] == chain and "img_s" in r and dali:
+                    r["x_dali"] = r["img_s"] / dali
+            for r in rows:
+                if r["model"] == model_name and r["chain"] == chain:
+                    print(f"  {model_name} {chain} {r['feed']}: {r.get('img_s', float('nan')):.0f} img/s "
+                          f"({r.get('of_model', 0):.2f} of the model, {r.get('x_dali', 0):.2f}x DALI, "
+                          f"+{r.get('mem_beyond_model_mb', 0):.0f} MiB, {r.get('cpu_s_per_1k', 0):.2f} CPU s/1k, "
+                          f"wait {r.get('wait_ms_per_step', 0):.1f} ms/step) {r.get('error', '')}", flush=True)
+                    if "profile" in r:
+                        print(f"      profile: {r['profile']}", flush=True)
+        del step
+        gc_collect()
+    info = dict(device=torch.cuda.get_device_name() if _gpu() else "cpu", cores=os.cpu_count(), classes=classes,
+                torch=torch.__version__, torchvision=torchvision.__version__, batch_size=a.batch_size,
+                images=a.images, workers=a.workers, dali_threads=a.threads)
+    (out / "train.json").write_text(json.dumps(dict(info=info, rows=rows), indent=2))
+    chart = [dict(r, chain=f"{r['model']} {r['chain']}", pipeline=r["feed"], shape=[a.batch_size])
+             for r in rows if "img_s" in r]
+    bar_chart(chart, out / "train.png")
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()
