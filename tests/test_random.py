@@ -176,3 +176,48 @@ def test_seeded_runs_repeat(photo_folder, device):
     for (xa, ya), (xb, yb) in zip(a, b):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
     assert not torch.equal(a[0][1], a[3][1]), "a new shuffle every epoch"
+
+
+def erased_boxes(out: torch.Tensor, fill: float) -> dict:
+    """Box (top, left, h, w) of the erased pixels of each sample of a (N,C,H,W) batch of ones, or
+    nothing for a sample left unchanged."""
+    mask = (out != 1).any(1)  # (N, H, W)
+    rows, cols = mask.any(2), mask.any(1)
+    erased = rows.any(1)
+    h, w = rows.sum(1), cols.sum(1)
+    top, left = rows.float().argmax(1), cols.float().argmax(1)
+    e = erased.cpu()
+    return dict(rate=e.double().mean().item(), h=h.cpu()[e].numpy(), w=w.cpu()[e].numpy(),
+                top=top.cpu()[e].numpy(), left=left.cpu()[e].numpy(), full=(mask.sum((1, 2)) == h * w).all().item(),
+                values=out.permute(1, 0, 2, 3)[:, mask].cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("api", ["v1", "v2"])
+@pytest.mark.parametrize("kw", [dict(p=0.7), dict(p=0.3, value=(0.1, 0.5, 0.9), scale=(0.1, 0.5), ratio=(0.5, 2.0)),
+                                dict(p=0.5, value="random")], ids=["zero", "colour", "random"])
+def test_batched_random_erasing_distribution(device, api, kw):
+    """The batched stage draws RandomErasing's parameters for the whole batch: the same rate, box
+    sizes, offsets and values as torchvision's per-sample draws (KS on each, 4-sigma on the rate)."""
+    from torchvision.transforms import v2
+
+    from gputransforms.compiler import batched
+
+    t = (T if api == "v1" else v2).RandomErasing(**kw)
+    n, c, h, w = 3000, 3, 40, 56
+    x = torch.ones(n, c, h, w, device="cuda" if device == "gpu" else "cpu")
+    torch.manual_seed(0)
+    got = erased_boxes(batched.lower(t)(x), 0)
+    torch.manual_seed(1)
+    ref = erased_boxes(torch.stack([t(img) for img in x.cpu()]), 0)
+    sigma = (kw["p"] * (1 - kw["p"]) / n) ** 0.5
+    assert abs(got["rate"] - kw["p"]) < 4 * sigma and abs(ref["rate"] - kw["p"]) < 4 * sigma
+    assert got["full"] and ref["full"], "each erasure is one rectangle"
+    for key in ("h", "w", "top", "left"):
+        assert ks_2samp(got[key], ref[key]).pvalue > 1e-3, key
+    if kw.get("value") == "random":
+        v = got["values"].flatten().double()
+        assert abs(v.mean()) < 0.02 and abs(v.std() - 1) < 0.02, "standard normal pixels"
+    else:
+        want = torch.tensor(kw.get("value", (0.0,)), dtype=torch.float32).expand(c)
+        assert torch.equal(got["values"].unique(dim=1), want[:, None].to(got["values"]))
