@@ -75,8 +75,8 @@ def batches(make):
             yield x, y.reshape(-1).long()
 
 
-def run(step, source, n_images: int, batch_size: int, profile: bool = False) -> dict:
-    for _ in range(WARMUP):
+def run(step, source, n_images: int, batch_size: int, profile: bool = False, warmup: int = WARMUP) -> dict:
+    for _ in range(warmup):
         step(*next(source))
     _sync()
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -158,6 +158,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="steps before timing")
     ap.add_argument("--out", default="bench-out/train")
     a = ap.parse_args(argv)
     if a.make_data and not Path(a.root).exists():
@@ -181,7 +182,7 @@ def main(argv=None):
                 try:
                     n = a.torchvision_images if name == "torchvision" and a.torchvision_images else a.images
                     row.update(run(step, feed(name, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes), n,
-                                   a.batch_size, a.profile and name != "torchvision"))
+                                   a.batch_size, a.profile and name != "torchvision", a.warmup))
                     row["mem_mb"] = (max(mem.peak, _device_mem_used()) - mem.base) / 2**20
                 except Exception as e:  # noqa: BLE001 - one failing feed must not hide the others
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]

@@ -22,3 +22,18 @@ def test_loader_benchmark_runs(indexed_folder, tmp_path):
         assert r["img_s"] > 0 and r["ttfb_s"] > 0 and r["shape"][1:] == [3, 224, 224]
     assert (out / "loader.png").stat().st_size > 1000
     assert "gputransforms" in res.stdout and "img/s" in res.stdout
+
+
+def test_train_benchmark_runs(indexed_folder, tmp_path):
+    out = tmp_path / "train"
+    cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", "mobilenet_v3_small", "--chains", "train",
+           "--feeds", "model,dali-handwritten,gputransforms,torchvision", "--batch-size", "4", "--images", "8",
+           "--warmup", "1", "--workers", "1", "--threads", "1", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["feed"]: r for r in json.loads((out / "train.json").read_text())["rows"]}
+    assert set(rows) == {"model", "dali-handwritten", "gputransforms", "torchvision"}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["images"] >= 8 and 0 < r["of_model"]
+    assert rows["model"]["of_model"] == 1.0
