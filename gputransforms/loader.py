@@ -206,7 +206,7 @@ class DataLoader(tud.DataLoader):
         it = self._last_iter() if self._last_iter is not None else None
         if it is not None and not it.done:
             skipped = [(e.index, e.path, e.reason) for e in it.skipped]
-            return state.Position(it.rng_start, it.yielded, skipped).to_dict()
+            return state.Position(it.rng_start, it.yielded, skipped, *it.random_state()).to_dict()
         return state.Position(state.rng_state(self.generator), 0, []).to_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -239,7 +239,7 @@ class DataLoader(tud.DataLoader):
             slot.epoch = None
         self._idle.append(slot)
 
-    def _build_pipeline(self, slot: PipelineSlot, seed: int):
+    def _build_pipeline(self, slot: PipelineSlot, seed: int, checkpoint: Optional[bytes] = None):
         from .compiler.dali import build_pipeline
 
         if self._pool is None:
@@ -249,7 +249,7 @@ class DataLoader(tud.DataLoader):
                                    num_threads=self.num_threads, seed=seed,
                                    prefetch_queue_depth=self.prefetch_queue_depth,
                                    hw_decoder_load=self.hw_decoder_load,
-                                   jpeg_fancy_upsampling=self.jpeg_fancy_upsampling)
+                                   jpeg_fancy_upsampling=self.jpeg_fancy_upsampling, checkpoint=checkpoint)
 
     def _max_batch(self) -> int:
         """The largest batch the index sampler gives (the pipeline's batch size), found before an
@@ -337,6 +337,9 @@ class _TorchIterator:
     def __len__(self) -> int:
         return len(self.it)
 
+    def random_state(self) -> tuple:
+        return None, None  # torch's workers draw from seeds the epoch's start fixes
+
     def __next__(self):
         try:
             batch = next(self.it)
@@ -361,14 +364,20 @@ class _CompiledIterator:
         self.batches = iter(loader._index_sampler)
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         self.seed = loader.seed if loader.seed is not None else base_seed % (2 ** 31)
-        if self.slot.pipe is None:
-            loader._build_pipeline(self.slot, self.seed)
         self.skipped: list = []
         self.yielded = 0
+        self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
+        if resume is not None:
+            self.skipped = [files.BadSampleError(*s) for s in resume.skipped]
+            if resume.dali is not None:  # random operators go on where the saved pipeline stood
+                loader._build_pipeline(self.slot, self.seed + len(self.skipped), checkpoint=resume.dali)
+        if self.slot.pipe is None:
+            loader._build_pipeline(self.slot, self.seed)
         if resume is not None:
             state.skip_batches(self.batches, resume.batches)
             self.yielded = resume.batches
-            self.skipped = [files.BadSampleError(*s) for s in resume.skipped]
+            if resume.rng_now is not None:  # the batched stage's draws go on too
+                torch.set_rng_state(resume.rng_now)
         loader.skipped = self.skipped
         self.epoch: Optional[EpochFeed] = None  # started by the first next(): the sampler draws then, as torch's
         self.dev = torch_device(loader.device)
@@ -385,6 +394,13 @@ class _CompiledIterator:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def random_state(self) -> tuple:
+        """(DALI checkpoint, torch's global RNG) after the batches handed out so far."""
+        pipe = self.slot.pipe
+        if pipe is None or self.epoch is None:  # nothing drawn since this iterator started
+            return self.resumed_random
+        return pipe.checkpoint(), torch.get_rng_state()
 
     def __next__(self):
         try:

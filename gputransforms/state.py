@@ -8,6 +8,11 @@ random state, lets the sampler draw the same order again and skips the batches a
 out by advancing the index sampler alone: no file is read for them. The following epochs then draw
 what the uninterrupted run would have drawn. The state holds no image data, and pickles.
 
+Random transforms repeat too: the state also holds the DALI pipeline's checkpoint (the state of
+its random operators after the last batch handed out) and torch's global RNG as it was then, which
+the batched stage after the graph draws from; a resumed iterator builds its pipeline from the
+checkpoint and sets torch's global RNG back once its sampler has drawn the epoch's order.
+
 Samplers that do not draw from that RNG (``DistributedSampler``: seed + ``set_epoch``; a user's
 sampler with its own generator) give the same order when the framework restores their epoch, as
 Lightning and Accelerate do.
@@ -38,16 +43,20 @@ class Position:
     rng: torch.Tensor  # the random state the epoch's iterator started from
     batches: int  # batches handed out in that epoch
     skipped: list  # (index, path, reason) of samples left out with on_error="skip"
+    dali: Optional[bytes] = None  # the pipeline's checkpoint after those batches
+    rng_now: Optional[torch.Tensor] = None  # torch's global RNG after those batches (the batched stage's)
 
     def to_dict(self) -> dict:
         return {"version": VERSION, "rng": self.rng.clone(), "batches_yielded": self.batches,
-                "skipped": [tuple(s) for s in self.skipped]}
+                "skipped": [tuple(s) for s in self.skipped], "dali_checkpoint": self.dali,
+                "global_rng": None if self.rng_now is None else self.rng_now.clone()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Position":
         if d.get("version") != VERSION:
             raise ValueError(f"not a gputransforms.DataLoader state (version {d.get('version')!r}, expected {VERSION})")
-        return cls(rng=d["rng"], batches=int(d["batches_yielded"]), skipped=list(d.get("skipped", [])))
+        return cls(rng=d["rng"], batches=int(d["batches_yielded"]), skipped=list(d.get("skipped", [])),
+                   dali=d.get("dali_checkpoint"), rng_now=d.get("global_rng"))
 
 
 def skip_batches(index_batches, n: int):

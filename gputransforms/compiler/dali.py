@@ -9,6 +9,7 @@ are computed from them with torchvision's integer arithmetic, not DALI's own rou
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable, Optional
 
 import torch
@@ -315,17 +316,19 @@ LOWER: dict[str, Callable] = {
 def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch_size: int, num_threads: int,
                    seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
                    hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
-                   reader: Optional[Callable] = None) -> Pipeline:
+                   reader: Optional[Callable] = None, checkpoint: Optional[bytes] = None) -> Pipeline:
     """One DALI pipeline for ``plan``, fed encoded files by ``source`` (a batch callback), or by
     ``reader()`` (a function returning a DALI node of encoded files, e.g. fn.readers.file, used by
-    the benchmarks to take Python out of the measurement)."""
+    the benchmarks to take Python out of the measurement). Checkpointing is on (DALI: no cost), so
+    ``pipe.checkpoint()`` holds its random operators' state after the last batch handed out, and a
+    pipeline built with ``checkpoint=`` draws what the saved one would have drawn next."""
     if device == "gpu" and device_id is None:
         device_id = torch.cuda.current_device()
 
     # pipeline_def, not Pipeline: auto_aug picks an operation per sample with DALI's conditionals,
     # which only the traced definition supports
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
-                  seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
+                  seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True, enable_checkpointing=True,
                   enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment", "auto_augment")
                                               for s in plan.steps))
     def graph():
@@ -341,6 +344,9 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
 
     # (DALI 2.4's auto_aug calls its deprecated fn.experimental.* aliases: DALI itself prints a
     # DeprecationWarning once, under a "default" filter that callers cannot override)
-    pipe = graph()
-    pipe.build()
+    with warnings.catch_warnings():
+        # the source is the loader's feed, which a resumed iterator positions itself
+        warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external source")
+        pipe = graph(checkpoint=checkpoint) if checkpoint is not None else graph()
+        pipe.build()
     return pipe
