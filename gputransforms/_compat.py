@@ -128,7 +128,8 @@ def perspective_coefficients(startpoints, endpoints):
 def dataset_loader(dataset):
     """The image loader of a torchvision file-backed dataset (Food101, DTD, ...): torchvision 0.29
     keeps a ``loader`` argument, older versions open ``PIL.Image.open(f).convert("RGB")`` inline,
-    which is ``default_loader``'s meaning."""
+    which is ``default_loader``'s meaning (as does INaturalist's ``loader=None``)."""
     from torchvision.datasets.folder import default_loader
 
-    return getattr(dataset, "loader", default_loader)
+    loader = getattr(dataset, "loader", None)
+    return default_loader if loader is None else loader

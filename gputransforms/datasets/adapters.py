@@ -107,29 +107,20 @@ def _caltech101(ds) -> FileSamples:
         raise NotCompilable("Caltech101: target_type 'annotation' is read from a .mat file per sample")
     paths = [os.path.join(ds.root, "101_ObjectCategories", ds.categories[y], f"image_{k:04d}.jpg")
              for y, k in zip(ds.y, ds.index)]
-    return _inline_open(ds, paths, list(ds.y))
+    return _from_rows(ds, paths, ds.y)
 
 
 def _caltech256(ds) -> FileSamples:
     paths = [os.path.join(ds.root, "256_ObjectCategories", ds.categories[y], f"{y + 1:03d}_{k:04d}.jpg")
              for y, k in zip(ds.y, ds.index)]
-    return _inline_open(ds, paths, list(ds.y))
+    return _from_rows(ds, paths, ds.y)
 
 
 def _inaturalist(ds) -> FileSamples:
-    if getattr(ds, "loader", None) not in (None, default_loader, pil_loader):
-        raise NotCompilable("INaturalist has a custom loader; DALI decodes only what PIL's RGB loader does")
     paths = [os.path.join(ds.root, ds.all_categories[c], f) for c, f in ds.index]
     targets = [_one_or_tuple([c if t == "full" else ds.categories_map[c][t] for t in ds.target_type])
                for c, _ in ds.index]
-    return _inline_open(ds, paths, targets)
-
-
-def _inline_open(ds, paths, targets) -> FileSamples:
-    """Datasets that open with ``PIL.Image.open`` in ``__getitem__`` and apply ``transform`` then
-    ``target_transform`` to the whole target."""
-    return FileSamples(paths, targets, ds.transform,
-                       None if ds.target_transform is None else [ds.target_transform] * len(paths))
+    return _from_rows(ds, paths, targets)
 
 
 def _subset(ds: tud.Subset) -> FileSamples:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from typing import Any, Callable
 
 from PIL import Image
 
@@ -104,7 +103,7 @@ def transform_attribute(ds) -> str:
                           else f"has several transforms ({', '.join(found)}) and it is not clear which one it applies")
 
 
-def discover(ds, getitem: Callable[[Any, int], Any] = None):
+def discover(ds):
     """``(paths, targets, transform)`` of a user's map-style dataset, one entry per index; raises
     ``NotCompilable`` (from ``adapters``) when ``__getitem__`` does not follow the pattern above."""
     from .adapters import NotCompilable
@@ -118,13 +117,13 @@ def discover(ds, getitem: Callable[[Any, int], Any] = None):
         try:
             attr = transform_attribute(ds)
         except _Undiscoverable:
-            _opens_a_file(ds, getitem or type(ds).__getitem__)
+            _opens_a_file(ds)
             raise
         chain = getattr(ds, attr)
         probe = copy.copy(ds)
         recorder = _Recorder()
         setattr(probe, attr, recorder)
-        getitem = getitem or type(ds).__getitem__
+        getitem = type(ds).__getitem__
         paths, targets = [], []
         with _intercept() as calls:
             for i in range(n):
@@ -146,12 +145,12 @@ def discover(ds, getitem: Callable[[Any, int], Any] = None):
     return paths, targets, chain
 
 
-def _opens_a_file(ds, getitem):
+def _opens_a_file(ds):
     """Raise "opens no image" for a dataset that keeps its samples in memory (a clearer reason than
     a missing transform attribute)."""
     with _intercept() as calls:
         try:
-            getitem(ds, 0) if len(ds) else None
+            ds[0] if len(ds) else None
         except Exception:  # noqa: BLE001 - a placeholder in its own transform; it did open a file
             pass
         if not calls:
