@@ -425,6 +425,8 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              "dali-experimental-tv": run_dali_experimental, "gputransforms": run_gputransforms,
              # libjpeg-turbo's chroma upsampling on the GPU: closer to PIL, slower
              "gputransforms-fancy-ups": lambda *a: run_gputransforms(*a, jpeg_fancy_upsampling=True),
+             # two batches in flight instead of four: less device memory (benchmarks/train.py)
+             "gputransforms-q2": lambda *a: run_gputransforms(*a, prefetch_factor=2),
              # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
              "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist,
              "gputransforms-userdataset": run_gputransforms_userdataset}

@@ -138,10 +138,6 @@ def feed(name: str, root: str, chain: str, batch_size: int, workers: int, thread
             while True:
                 yield x, y
         return resident()
-    if name == "gputransforms-q2":
-        from benchmarks.loader import run_gputransforms
-
-        return batches(run_gputransforms(root, chain, batch_size, threads, prefetch_factor=2))
     return batches(PIPELINES[name](root, chain, batch_size, workers if name == "torchvision" else threads))
 
 
