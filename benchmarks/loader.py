@@ -398,7 +398,7 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def bar_chart(rows, path: Path):
+def bar_chart(rows, path: Path, unit: str = "images/s"):
     from PIL import Image, ImageDraw
 
     ok = [r for r in rows if "error" not in r]
@@ -407,7 +407,7 @@ def bar_chart(rows, path: Path):
     w, bar_h, pad = 900, 26, 8
     img = Image.new("RGB", (w, 40 + len(ok) * (bar_h + pad)), "white")
     d = ImageDraw.Draw(img)
-    d.text((10, 10), f"images/s, batch of {ok[0]['shape'][0]} ({'GPU' if _gpu() else 'CPU'})", fill="black")
+    d.text((10, 10), f"{unit}, batch of {ok[0]['shape'][0]} ({'GPU' if _gpu() else 'CPU'})", fill="black")
     top = max(r["img_s"] for r in ok)
     colours = {"torchvision": (120, 120, 120), "dali-handwritten": (118, 185, 0), "gputransforms": (30, 100, 200),
                "dali-experimental-tv": (200, 120, 40)}

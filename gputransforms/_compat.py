@@ -133,3 +133,20 @@ def dataset_loader(dataset):
 
     loader = getattr(dataset, "loader", None)
     return default_loader if loader is None else loader
+
+
+def clip_frames(video_clips, video_idx: int, clip_idx: int):
+    """The frame indices (presentation order) of one clip of a torchvision ``VideoClips``. Since
+    torchvision moved video decoding to torchcodec (0.26 and 0.29 here), ``video_pts`` is
+    ``range(num_frames)``, so a clip's pts are its frame indices, resampled ones included
+    (``compute_clips_for_video`` unfolds the resampled pts); older versions kept stream timestamps."""
+    return video_clips.clips[video_idx][clip_idx]
+
+
+def torchcodec_loads() -> bool:
+    """Whether torchvision can decode video here (torchcodec imports and finds FFmpeg's libraries)."""
+    try:
+        import torchcodec.decoders  # noqa: F401 - loading FFmpeg is the question
+    except Exception:  # noqa: BLE001 - ImportError, or RuntimeError when FFmpeg is missing
+        return False
+    return True

@@ -48,6 +48,9 @@ EVAL_CHAINS = {
     "v2 Resize256+CenterCrop224+ToImage+ToDtype+Normalize": (
         lambda: v2.Compose([v2.Resize(256), v2.CenterCrop(224), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                             v2.Normalize(MEAN, STD)]), True),
+    "v2 ToImage+ToDtype+Resize(96)+CenterCrop(80)+Normalize: resize of float values, then a fill after Normalize": (
+        lambda: v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(96), v2.CenterCrop(80),
+                            v2.Normalize(MEAN, STD)]), True),
     "Resize((200,300))+PILToTensor": (lambda: T.Compose([T.Resize((200, 300)), T.PILToTensor()]), False),
     "Resize(160,max_size=200)+CenterCrop(190) pads": (
         lambda: T.Compose([T.Resize(160, max_size=200), T.CenterCrop(190), T.PILToTensor()]), False),

@@ -126,7 +126,8 @@ class _Graph:
     h: Scalar
     w: Scalar
     device: str  # "gpu" or "cpu"
-    encoded: Any
+    encoded: Any  # the external source's output, or its outputs (a tuple) for video
+    seq: bool = False  # samples are sequences of frames (FHWC): per-sample parameters hold for every frame
 
 
 def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampling: bool) -> None:
@@ -148,10 +149,26 @@ def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampl
         g.h, g.w = shape[0], shape[1]
 
 
+def _video_decode(g: _Graph, step: Step, **_) -> None:
+    """Clips: with NVDEC the external source gives each clip's file bytes, frame indices and size, and
+    DALI's video decoder decodes those frames; with PyAV it gives the decoded frames and their size."""
+    g.seq = True
+    if step.args.get("decoder") == "nvdec":
+        encoded, frames, hw = g.encoded
+        # pad_mode="none": a frame past the video's end (a truncated file) raises instead of padding
+        g.img = fn.decoders.video(encoded, device="mixed", frames=frames, pad_mode="none")
+    else:
+        g.img, hw = g.encoded
+        if g.device == "gpu":
+            g.img = g.img.gpu()
+    g.h, g.w = hw[0], hw[1]
+
+
 def _resize(g: _Graph, step: Step, **_) -> None:
     h, w = resized_size(g.h, g.w, step.args["target"])
+    kw = dict(dtype=types.FLOAT) if step.args.get("float") else {}
     g.img = fn.resize(g.img, resize_y=_float(h), resize_x=_float(w), interp_type=getattr(types, step.args["interp"]),
-                      antialias=step.args["antialias"])
+                      antialias=step.args["antialias"], **kw)
     g.h, g.w = h, w
 
 
@@ -201,8 +218,11 @@ def _crop_pos(offset: Scalar, slack: Scalar):
 
 def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     a = step.args
-    kw: dict[str, Any] = dict(dtype=_DALI_DTYPE.get(a["dtype"], types.FLOAT), output_layout=a["layout"],
-                              mean=list(a["mean"]), std=list(a["std"]))
+    if g.seq and a["layout"] == "HWC" and a["dtype"] == torch.uint8 and "crop" not in a and "mirror_p" not in a:
+        return  # raw frames (output_format "THWC"): nothing to do
+    kw: dict[str, Any] = dict(dtype=_DALI_DTYPE.get(a["dtype"], types.FLOAT),
+                              output_layout=("F" if g.seq else "") + a["layout"], mean=list(a["mean"]),
+                              std=list(a["std"]))
     crop = a.get("crop")
     if crop is not None:
         ch, cw = crop["size"]
@@ -305,6 +325,7 @@ LOWER: dict[str, Callable] = {
     "trivial_augment_wide": _trivial_augment_wide,
     "rand_augment": _rand_augment,
     "decode": _decode,
+    "video_decode": _video_decode,
     "resize": _resize,
     "random_resized_crop": _random_resized_crop,
     "slice": _slice,
@@ -328,12 +349,20 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     # pipeline_def, not Pipeline: auto_aug picks an operation per sample with DALI's conditionals,
     # which only the traced definition supports
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
-                  seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True, enable_checkpointing=True,
+                  seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
+                  enable_checkpointing=plan.checkpointable,
                   enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment", "auto_augment")
                                               for s in plan.steps))
     def graph():
         if reader is not None:
             encoded = reader()
+        elif plan.steps[0].op == "video_decode":  # (bytes, frame indices, size) or (frames, size)
+            if plan.steps[0].args.get("decoder") == "nvdec":
+                encoded = fn.external_source(source=source, batch=True, num_outputs=3, dtype=[
+                    types.UINT8, types.INT32, types.INT32], ndim=[1, 1, 1], no_copy=False)
+            else:
+                encoded = fn.external_source(source=source, batch=True, num_outputs=2, dtype=[
+                    types.UINT8, types.INT32], ndim=[4, 1], layout=["FHWC", ""], no_copy=False)
         else:
             encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
                                          no_copy=False)
@@ -347,6 +376,8 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     with warnings.catch_warnings():
         # the source is the loader's feed, which a resumed iterator positions itself
         warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external source")
+        # a clip's size is fed for the steps that need it (a shorter-side resize, a crop); others do not
+        warnings.filterwarnings("ignore", message=r"The external source node .* produces \d+ outputs, but the output")
         pipe = graph(checkpoint=checkpoint) if checkpoint is not None else graph()
         pipe.build()
     return pipe

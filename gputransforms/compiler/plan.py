@@ -40,7 +40,7 @@ class Op:
 class Step:
     """One operator of the compiled graph."""
 
-    op: str  # decode | resize | random_resized_crop | slice | flip | crop_mirror_normalize
+    op: str  # decode | video_decode | resize | random_resized_crop | slice | flip | crop_mirror_normalize
     args: dict
     sources: list
     note: str = ""
@@ -51,12 +51,18 @@ class Plan:
     steps: list  # list[Step], steps[0] is always the decode
     tail: list  # transforms run per sample with torchvision after the graph
     tail_reason: str
-    output: str  # "tensor" (CHW) or "image" (HWC uint8, what PIL would hold)
+    output: str  # "tensor" (CHW), "image" (HWC uint8, what PIL would hold) or "video" (clips: FCHW or FHWC)
     out_dtype: torch.dtype
     compiled: bool  # False: the graph would only decode; the whole chain runs with torchvision
     # "tensor": the tail runs on the batch where it is (the GPU), batched or per sample with
-    # torchvision's tensor kernels; "pil": it starts on PIL images, because a callable expects one
+    # torchvision's tensor kernels; "pil": it starts on PIL images, because a callable expects one;
+    # "clip": per clip, on the device (video)
     tail_mode: str = "pil"
+
+    @property
+    def checkpointable(self) -> bool:
+        """Whether DALI can checkpoint the graph's random state (its video decoder cannot)."""
+        return not self.steps or self.steps[0].op != "video_decode"
 
     def explain(self, device: str = "cpu") -> str:
         lines = []
@@ -67,9 +73,15 @@ class Plan:
             for t in self.tail:
                 lines.append(f"  torchvision  {_short(t)}")
             return "\n".join(lines)
-        dev = {"decode": "mixed" if device == "gpu" else "cpu"}
+        nvdec = bool(self.steps) and self.steps[0].args.get("decoder") == "nvdec"
+        dev = {"decode": "mixed" if device == "gpu" else "cpu",
+               "video_decode": "mixed, NVDEC" if nvdec else f"decoded by PyAV in worker processes, to the {device}"}
         lines.append(f"DALI graph ({device}):")
-        lines.append("  readers: encoded files fed in sampler order")
+        if self.output == "video":
+            lines.append("  readers: clips in sampler order (" + ("each file's bytes, its frame indices and size)" if nvdec
+                                                                else "decoded frames and their size)"))
+        else:
+            lines.append("  readers: encoded files fed in sampler order")
         for s in self.steps:
             where = dev.get(s.op, device)
             text = f"  {_dali_name(s)}({where})"
@@ -81,7 +93,10 @@ class Plan:
         if self.tail:
             from .tail import stages
 
-            if self.tail_mode == "tensor":
+            if self.tail_mode == "clip":
+                lines.append(f"after the graph, per clip on the {device} batch with torchvision (graph ends at: "
+                             f"{self.tail_reason}):")
+            elif self.tail_mode == "tensor":
                 lines.append(f"after the graph, on the {device} batch (graph ends at: {self.tail_reason}):")
             else:
                 lines.append(f"after the graph, per sample on PIL images (a callable before ToTensor expects "
@@ -96,6 +111,8 @@ class Plan:
 def _dali_name(step: Step) -> str:
     if step.op == "decode":
         return "decoders.image_random_crop" if step.args.get("random_crop") else "decoders.image"
+    if step.op == "video_decode":
+        return "decoders.video" if step.args.get("decoder") == "nvdec" else "clip frames"
     return step.op
 
 
@@ -329,7 +346,8 @@ def flatten(transform) -> list:
 
 #: torchvision's classification references wrap a Compose in a class whose __call__ is
 #: ``self.transforms(img)`` (references/classification/presets.py); users copy those classes.
-PRESET_WRAPPERS = {"ClassificationPresetTrain", "ClassificationPresetEval"}
+PRESET_WRAPPERS = {"ClassificationPresetTrain", "ClassificationPresetEval", "VideoClassificationPresetTrain",
+                   "VideoClassificationPresetEval"}
 
 
 # --- 2. planning and fusion ---------------------------------------------------------------------
@@ -342,6 +360,7 @@ class _Planner:
         self.steps: list = []
         self.crop: Optional[Op] = None
         self.crop_fill_raw = None
+        self.crop_fill_strict = None
         self.flip: Optional[Op] = None
         # pixel values as torchvision would hold them = raw_uint8 * scale + shift (per channel)
         self.scale = [1.0, 1.0, 1.0]
@@ -349,11 +368,16 @@ class _Planner:
         self.value_sources: list = []
         self.tensor = False  # has ToTensor/PILToTensor/ToImage run
         self.dtype = torch.uint8
+        self.graph_float = False  # the graph's data became float (a resize of float values)
 
     # values -------------------------------------------------------------------------------------
-    def raw_fill(self, fill, op: Op):
-        """A padding fill given in the current value space, as a raw uint8 value (what DALI holds)."""
+    def raw_fill(self, fill, op: Op, strict: bool = True):
+        """A padding fill given in the current value space, as a raw value (what DALI holds). A slice
+        pads the graph's data itself, so on uint8 data (``strict``) the fill must be a uint8 value;
+        crop_mirror_normalize pads in output units, which any fill maps to."""
         raw = [(f - b) / a for f, a, b in zip(fill, self.scale, self.shift)]
+        if not strict or self.graph_float:
+            return [float(r) for r in raw]
         if any(abs(r - round(r)) > 1e-3 or not 0 <= round(r) <= 255 for r in raw):
             raise NotLowerable(f"{type(op.source).__name__}: fill {tuple(fill)} after a value change")
         return [float(round(r)) for r in raw]
@@ -398,7 +422,10 @@ class _Planner:
     # geometry -----------------------------------------------------------------------------------
     def flush(self):
         if self.crop is not None:
-            self.steps.append(Step("slice", dict(self.crop.args, fill=self.crop_fill_raw), [self.crop.source]))
+            fill = self.crop_fill_strict if self.crop_fill_strict is not None else self.crop_fill_raw
+            if isinstance(fill, NotLowerable):
+                raise fill
+            self.steps.append(Step("slice", dict(self.crop.args, fill=fill), [self.crop.source]))
             self.crop = None
         if self.flip is not None:
             self.steps.append(Step("flip", dict(self.flip.args), [self.flip.source]))
@@ -411,17 +438,23 @@ class _Planner:
     def geometric(self, op: Op):
         if op.kind in ("resize", "random_resized_crop"):
             self.flush()
-            self.steps.append(Step(op.kind, dict(op.args, antialias=self.antialias(op)), [op.source]))
+            # torchvision resizes float tensors without rounding: so does the graph, in float
+            to_float = self.tensor and self.dtype.is_floating_point and op.kind == "resize"
+            self.graph_float = self.graph_float or to_float
+            self.steps.append(Step(op.kind, dict(op.args, antialias=self.antialias(op), float=to_float), [op.source]))
         elif op.kind == "crop":
-            fill_raw = self.raw_fill(op.args["fill"], op)
             explicit_padding = any(op.args["padding"])
             self.flush()
             if explicit_padding:
                 # the crop window can leave [min(0, H-h), max(0, H-h)]: crop_mirror_normalize's
                 # normalised crop_pos cannot express that, an absolute slice can
-                self.steps.append(Step("slice", dict(op.args, fill=fill_raw), [op.source]))
+                self.steps.append(Step("slice", dict(op.args, fill=self.raw_fill(op.args["fill"], op)), [op.source]))
             else:
-                self.crop, self.crop_fill_raw = op, fill_raw
+                self.crop, self.crop_fill_raw = op, self.raw_fill(op.args["fill"], op, strict=False)
+                try:  # needed only if a later geometric step turns the pending crop into a slice
+                    self.crop_fill_strict = self.raw_fill(op.args["fill"], op)
+                except NotLowerable as e:
+                    self.crop_fill_strict = e
         elif op.kind == "auto_augment":
             if self.tensor:
                 raise NotLowerable(f"{type(op.source).__name__} after ToTensor (DALI's suite works on uint8 images)")
@@ -457,8 +490,15 @@ class _Planner:
         self.steps.append(Step("crop_mirror_normalize", args, sources, note))
 
 
-def plan(transform) -> Plan:
-    """Plan ``transform`` (a Compose of torchvision v1/v2 or gputransforms transforms)."""
+def plan(transform, input: str = "image") -> Plan:
+    """Plan ``transform`` (a Compose of torchvision v1/v2 or gputransforms transforms).
+
+    ``input``: "image" (files PIL would open), or the frames of video clips as torchvision's
+    ``VideoClips`` hands them to the transform: "video TCHW" (a batch of images to torchvision's
+    transforms: one set of random parameters per clip, applied to every frame) or "video THWC"
+    (what torchvision's transforms do not read as images: the whole chain runs per clip)."""
+    if input.startswith("video"):
+        return _plan_video(flatten(transform), input.split()[-1])
     transforms = flatten(transform)
     planner = _Planner()
     decode = Step("decode", {}, [])
@@ -498,6 +538,36 @@ def plan(transform) -> Plan:
     last = steps[-1].args
     return Plan(steps=steps, tail=tail, tail_reason=reason, output="tensor" if last["layout"] == "CHW" else "image",
                 out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode)
+
+
+def _plan_video(transforms: list, layout: str) -> Plan:
+    """Clips: NVDEC (or PyAV on the CPU) decodes the frames, the lowerable prefix of the chain runs
+    on the whole sequence in the graph, and the rest per clip on the device, never batched across
+    clips (the batched stage draws per image). Decoding alone is worth the graph, so a video chain
+    is always compiled."""
+    planner = _Planner()
+    planner.steps.append(Step("video_decode", dict(layout=layout, decoder="pyav"), []))
+    tail, reason = list(transforms), "output_format='THWC': the transform gets (T, H, W, C) frames"
+    if layout == "TCHW":
+        planner.tensor = True  # torchvision hands the transform a uint8 tensor, not a PIL image
+        tail, reason = [], ""
+        for j, t in enumerate(transforms):
+            try:
+                op = lower_transform(t)
+                if op.kind == "auto_augment" or op.kind == "random_resized_crop":
+                    raise NotLowerable(f"{type(t).__name__}: on clips it runs per clip with torchvision")
+                if op.kind in ("to_tensor", "to_dtype", "normalize"):
+                    planner.value(op)
+                else:
+                    planner.geometric(op)
+            except NotLowerable as e:
+                tail, reason = transforms[j:], str(e)
+                break
+        planner.finish()
+    last = planner.steps[-1].args
+    out_dtype = last["dtype"] if layout == "TCHW" else torch.uint8
+    return Plan(steps=planner.steps, tail=tail, tail_reason=reason, output="video", out_dtype=out_dtype,
+                compiled=True, tail_mode="clip")
 
 
 def explain(transform, device: Optional[str] = None) -> str:

@@ -6,6 +6,8 @@ handed over.
   else per sample with torchvision's own tensor kernels; consecutive per-sample transforms share
   one pass over the samples. Before the chain's ToTensor a sample is a uint8 CHW tensor standing in
   for the PIL image, so ToTensor means "scale to float" and PILToTensor/ToImage nothing.
+- tail_mode "clip" (video): every transform runs per clip with torchvision on the device, so that
+  a clip's frames share one set of random parameters, as torchvision gives them.
 - tail_mode "pil": a callable in the tail expects the PIL image torchvision would give it, so each
   sample is moved to the CPU and becomes one.
 """
@@ -37,11 +39,21 @@ def on_stand_in(t) -> Optional[Callable]:
     return t
 
 
+def _clips_to_cthw(batch: torch.Tensor) -> torch.Tensor:
+    return batch.permute(0, 2, 1, 3, 4)
+
+
 def stages(plan: Plan) -> list:
     """(transform, function of the batch or None, stage) for each tail transform, in order;
     stage is "batched", "per sample", "conversion" (a ToTensor on the stand-in) or "pil"."""
     out = []
     for t in plan.tail:
+        if plan.tail_mode == "clip":  # a clip's frames share one draw: never batched across clips
+            if type(t).__name__ == "ConvertBCHWtoCBHW":  # torchvision's video references: (T,C,..) -> (C,T,..)
+                out.append((t, _clips_to_cthw, "batched"))
+            else:
+                out.append((t, t, "per sample"))
+            continue
         if plan.tail_mode != "tensor":
             out.append((t, None, "pil"))
             continue
@@ -57,7 +69,7 @@ def stages(plan: Plan) -> list:
 def run_tail(images, plan: Plan, device: torch.device, compiled: list) -> torch.Tensor:
     """``images``: the graph's output batch as a tensor (N,...) or a list of per-sample tensors.
     ``compiled``: ``stages(plan)``, computed once by the caller (lowering is not per batch work)."""
-    if plan.tail_mode == "tensor":
+    if plan.tail_mode in ("tensor", "clip"):
         batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
         pending: list = []  # consecutive per-sample transforms, applied in one pass over the samples
 

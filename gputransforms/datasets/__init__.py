@@ -3,7 +3,8 @@
 ``allow_empty`` and every error are the same, and ``__getitem__`` still works per sample with a
 plain ``torch.utils.data.DataLoader``. ``gputransforms.DataLoader`` reads their files, targets and
 ``transform`` (adapters.py, one row per class), or finds those of a user's own Dataset by running
-its ``__getitem__`` on a placeholder image (discover.py), and compiles the transform.
+its ``__getitem__`` on a placeholder image (discover.py), and compiles the transform. Video
+datasets (video.py) give clips: the frames torchvision's ``VideoClips`` selects, decoded by NVDEC.
 """
 from torchvision.datasets import DatasetFolder as _TVDatasetFolder
 from torchvision.datasets import ImageFolder as _TVImageFolder
@@ -13,13 +14,16 @@ from torchvision.datasets import (DTD, SUN397, Caltech101, Caltech256, CelebA, C
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, has_file_allowed_extension
 
 from .imagelist import ImageList
+from .video import HMDB51, UCF101, Kinetics
 
 #: torchvision's file-backed datasets, re-exported unchanged: gputransforms.DataLoader compiles them
 #: (datasets/adapters.py) whether they come from here or from torchvision.datasets
 FILE_BACKED = ["Caltech101", "Caltech256", "CelebA", "Country211", "DTD", "EuroSAT", "FGVCAircraft", "Flowers102",
                "Food101", "Imagenette", "INaturalist", "OxfordIIITPet", "Places365", "StanfordCars", "SUN397"]
+#: torchvision's video datasets, scanned and (where torchcodec cannot load) decoded with PyAV
+VIDEO = ["HMDB51", "Kinetics", "UCF101"]
 __all__ = ["DatasetFolder", "ImageFolder", "ImageList", "IMG_EXTENSIONS", "default_loader",
-           "has_file_allowed_extension"] + FILE_BACKED
+           "has_file_allowed_extension"] + FILE_BACKED + VIDEO
 
 
 class DatasetFolder(_TVDatasetFolder):

@@ -23,6 +23,7 @@ from torchvision.datasets.vision import StandardTransform
 from .. import _compat
 from . import discover
 from .imagelist import ImageList
+from .video import VIDEO_ADAPTERS, ClipSamples
 
 
 class NotCompilable(Exception):
@@ -54,6 +55,32 @@ class FileSamples:
         return FileSamples([self.paths[i] for i in idx], [self.targets[i] for i in idx], self.transform,
                            None if self.target_transforms is None else [self.target_transforms[i] for i in idx],
                            self.origin)
+
+    # what the loader asks of any samples object (``datasets.video.ClipSamples`` answers the same)
+    plan_input = "image"  # what the graph's first step decodes: compiler.plan.plan(..., input=plan_input)
+
+    def num_inputs(self, gpu: bool) -> int:
+        return 1  # the encoded file
+
+    def reader(self, *, gpu: bool, check_jpeg_scan: bool) -> Callable[[int], Any]:
+        """Sample index -> what the graph's external source takes for it (the encoded file), run in
+        reader threads; raises ``files.BadSampleError`` naming the file."""
+        from .. import files
+
+        paths = self.paths
+        return lambda i: files.prepare(i, paths[i], small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
+
+    def load(self, i: int):
+        """What torchvision's transform receives for sample ``i`` (to find the sample DALI failed on)."""
+        return pil_loader(self.paths[i])
+
+    def batch(self, images, labels, dev) -> tuple:
+        """What the loop yields for a batch, as torch's default_collate would build it."""
+        return images, labels
+
+    def items(self, images, indices) -> list:
+        """What a user's collate_fn receives: dataset[i] for each index, images already transformed."""
+        return list(zip(images, [self.target(i) for i in indices]))
 
 
 def _from_rows(ds, paths, targets) -> FileSamples:
@@ -129,6 +156,8 @@ def _subset(ds: tud.Subset) -> FileSamples:
 
 def _concat(ds: tud.ConcatDataset) -> FileSamples:
     parts = [resolve(d) for d in ds.datasets]
+    if any(isinstance(p, ClipSamples) for p in parts):
+        raise NotCompilable("ConcatDataset of video datasets (compile each one, or concatenate their folders)")
     chain = parts[0].transform
     for k, p in enumerate(parts[1:], 1):
         if not same_chain(chain, p.transform):
@@ -165,6 +194,7 @@ ADAPTERS: dict[type, Callable[[Any], FileSamples]] = {
     tvd.INaturalist: _inaturalist,
     tud.Subset: _subset,
     tud.ConcatDataset: _concat,
+    **VIDEO_ADAPTERS,  # Kinetics, UCF101, HMDB51: ClipSamples (datasets/video.py)
 }
 
 

@@ -1,0 +1,203 @@
+"""Video datasets: torchvision's Kinetics, UCF101 and HMDB51, and what the loader needs of them.
+
+The classes here are torchvision's (subclasses that keep ``__getitem__``), so clip indexing,
+``frames_per_clip``/``step_between_clips``/``frame_rate``, folds, labels, ``metadata`` and errors are
+torchvision's own. They differ in where torchvision needs torchcodec and the system's FFmpeg: the
+scan at construction (``video.probe``, PyAV, in threads) and, where torchcodec cannot load, the
+per-clip decoding of ``__getitem__`` (PyAV). A dataset built by torchvision itself compiles too.
+
+``ClipSamples`` is what ``gputransforms.DataLoader`` reads of a video dataset: for each index, the
+video file, the frame indices torchvision's ``VideoClips`` selects, the label and the transform.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torchvision.datasets as tvd
+from torchvision.datasets.folder import find_classes, make_dataset
+from torchvision.datasets.video_utils import VideoClips as _TVVideoClips
+
+from .. import _compat, video
+
+
+class ClipSamples:
+    """Index ``i`` is clip ``clip[i]`` of video ``video_of[i]``: the frames ``frames(i)`` of
+    ``paths[i]``, ``transform`` applied to them in ``output_format``, and the label ``targets[i]``."""
+
+    @property
+    def plan_input(self) -> str:
+        return f"video {self.output_format}"
+
+    def __init__(self, video_clips, labels: list, transform, output_format: str, origin: str = ""):
+        self.video_clips = video_clips
+        self.labels = labels  # per video of video_clips
+        self.transform = transform
+        self.output_format = output_format
+        self.origin = origin
+        self.target_transforms = None
+        sizes = np.asarray([len(c) for c in video_clips.clips], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
+        video_of = np.repeat(np.arange(len(sizes)), sizes)
+        clip = np.arange(len(video_of)) - starts[video_of]
+        self.video_of, self.clip = video_of, clip
+        vp = video_clips.video_paths
+        self.paths = [vp[v] for v in video_of]
+        self.targets = [labels[v] for v in video_of]
+
+    def __len__(self) -> int:
+        return len(self.video_of)
+
+    def target(self, i: int):
+        return self.targets[i]
+
+    def frames(self, i: int) -> np.ndarray:
+        f = _compat.clip_frames(self.video_clips, int(self.video_of[i]), int(self.clip[i]))
+        return np.asarray(f, dtype=np.int32)
+
+    def select(self, indices) -> "ClipSamples":
+        idx = np.asarray([int(i) for i in indices], dtype=np.int64)
+        out = ClipSamples.__new__(ClipSamples)
+        out.__dict__.update(self.__dict__)
+        out.video_of, out.clip = self.video_of[idx], self.clip[idx]
+        out.paths = [self.paths[i] for i in idx]
+        out.targets = [self.targets[i] for i in idx]
+        return out
+
+    def reader(self, *, gpu: bool, check_jpeg_scan: bool = False) -> Callable[[int], Any]:
+        """Sample index -> the graph's inputs for it: on the GPU the file's bytes (NVDEC decodes them
+        in the graph), the frame indices and the size; on the CPU the decoded frames and the size."""
+        from ..files import BadSampleError
+
+        def read(i: int):
+            path = self.paths[i]
+            try:
+                meta = video.info(path)
+                hw = np.asarray([meta.height, meta.width], dtype=np.int32)
+                if gpu:
+                    return video.read_bytes(path), self.frames(i), hw
+                return video.read_frames(path, self.frames(i), meta), hw
+            except (video.VideoReadError, OSError) as e:
+                reason = e.reason if isinstance(e, video.VideoReadError) else f"cannot be read ({e})"
+                raise BadSampleError(i, path, f"clip {int(self.clip[i])}: {reason}") from None
+
+        return read
+
+    def num_inputs(self, gpu: bool) -> int:
+        return 3 if gpu else 2
+
+    def batch(self, videos, labels, dev) -> tuple:
+        """(video, audio, label) batched as torch's default_collate batches torchvision's items.
+        Audio is not decoded: each clip's is torchvision's empty ``(1, 0)``, as for a video without
+        an audio stream."""
+        return videos, torch.empty((len(labels), 1, 0), dtype=torch.float32, device=dev), labels
+
+    def items(self, videos, indices) -> list:
+        empty = torch.empty((1, 0), dtype=torch.float32)
+        return [(v, empty, self.target(i)) for v, i in zip(videos, indices)]
+
+    def load(self, i: int) -> torch.Tensor:
+        """The clip torchvision's transform receives: uint8 frames in ``output_format``."""
+        frames = torch.from_numpy(video.read_frames(self.paths[i], self.frames(i)))
+        return frames.permute(0, 3, 1, 2) if self.output_format == "TCHW" else frames
+
+
+def scan(paths: list, num_workers: int = 1) -> dict:
+    """torchvision's ``VideoClips`` metadata for ``paths`` (what it computes with torchcodec), from
+    PyAV's packet scan in threads. A file that cannot be read raises, naming it, as torchcodec's
+    scan raises; videos too short for one clip are named in a warning (torchvision warns unnamed)."""
+    workers = max(1, min(32, num_workers or 1, len(paths) or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        infos = list(pool.map(video.info, [os.fspath(p) for p in paths]))
+    return {"video_paths": list(paths),
+            "video_pts": [torch.arange(v.num_frames, dtype=torch.int64) for v in infos],
+            "video_fps": [v.fps for v in infos]}
+
+
+class VideoClips(_TVVideoClips):
+    """torchvision's VideoClips whose ``get_clip`` decodes with PyAV where torchcodec cannot load."""
+
+    def get_clip(self, idx: int):
+        if _compat.torchcodec_loads():
+            return super().get_clip(idx)
+        if idx >= self.num_clips():
+            raise IndexError(f"Index {idx} out of range ({self.num_clips()} number of clips)")
+        video_idx, clip_idx = self.get_clip_location(idx)
+        path = self.video_paths[video_idx]
+        frames = torch.from_numpy(video.read_frames(path, _compat.clip_frames(self, video_idx, clip_idx).tolist()))
+        if self.output_format == "TCHW":
+            frames = frames.permute(0, 3, 1, 2)
+        fps = self.frame_rate if self.frame_rate is not None else self.video_fps[video_idx]
+        return frames, torch.empty((1, 0), dtype=torch.float32), {"video_fps": fps}, video_idx
+
+
+def _videos_kinetics(a: dict) -> list:
+    folder = a["root"] if a["_legacy"] else os.path.join(a["root"], a["split"])
+    return _listed(folder, a["extensions"])
+
+
+def _videos_ucf_hmdb(a: dict) -> list:
+    return _listed(a["root"], ("avi",))
+
+
+def _listed(folder, extensions) -> list:
+    _, class_to_idx = find_classes(folder)
+    return [p for p, _ in make_dataset(folder, class_to_idx, extensions, is_valid_file=None)]
+
+
+def _scanned(tv_cls, list_videos):
+    """``tv_cls`` whose constructor scans its videos with PyAV (unless given ``_precomputed_metadata``
+    or asked to download), then decodes per clip with PyAV where torchcodec cannot load."""
+    sig = inspect.signature(tv_cls.__init__)
+
+    def __init__(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if a.get("_precomputed_metadata") is None and not a.get("download", False):
+            paths = list_videos(a)
+            meta = scan(paths, a.get("num_workers") or 1)
+            short = [p for p, pts in zip(paths, meta["video_pts"]) if len(pts) < a["frames_per_clip"]]
+            if short:
+                warnings.warn(f"gputransforms: {len(short)} video(s) have fewer frames than frames_per_clip="
+                              f"{a['frames_per_clip']} and give no clip (torchvision skips them too): "
+                              + ", ".join(short[:5]), UserWarning, stacklevel=2)
+            a["_precomputed_metadata"] = meta
+        tv_cls.__init__(*bound.args, **bound.kwargs)
+        for name in ("video_clips", "full_video_clips"):
+            vc = getattr(self, name, None)
+            if type(vc) is _TVVideoClips:
+                vc.__class__ = VideoClips
+
+    __init__.__signature__ = sig
+    return type(tv_cls.__name__, (tv_cls,), {"__init__": __init__, "__doc__": tv_cls.__doc__,
+                                             "__module__": __name__, "__qualname__": tv_cls.__name__})
+
+
+Kinetics = _scanned(tvd.Kinetics, _videos_kinetics)
+UCF101 = _scanned(tvd.UCF101, _videos_ucf_hmdb)
+HMDB51 = _scanned(tvd.HMDB51, _videos_ucf_hmdb)
+
+
+def _kinetics(ds) -> ClipSamples:
+    return ClipSamples(ds.video_clips, [y for _, y in ds.samples], ds.transform, ds.video_clips.output_format,
+                       _ORIGIN.format(type(ds).__name__))
+
+
+def _ucf_hmdb(ds) -> ClipSamples:
+    # video_clips is the fold's subset: its video k is samples[indices[k]]
+    labels = [ds.samples[i][1] for i in ds.indices]
+    return ClipSamples(ds.video_clips, labels, ds.transform, ds.video_clips.output_format,
+                       _ORIGIN.format(type(ds).__name__))
+
+
+_ORIGIN = "{}'s clips, as its VideoClips indexes them (datasets/video.py)"
+
+
+#: video dataset class -> adapter (datasets/adapters.py's table takes these rows)
+VIDEO_ADAPTERS: dict = {tvd.Kinetics: _kinetics, tvd.UCF101: _ucf_hmdb, tvd.HMDB51: _ucf_hmdb}
