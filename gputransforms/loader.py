@@ -131,10 +131,17 @@ class DataLoader(tud.DataLoader):
         self.prefetch_queue_depth = prefetch_factor or 4
         self._user_collate = None if _is_default_collate(collate_fn) else collate_fn
         self._files: Optional[FileSamples] = None  # which files and targets the dataset stands for
+        self._arrays = None  # an in-memory dataset's images on the device (arrays.py)
+        self._array_stages: list = []
         self.plan, self.backend, self.reason = self._choose_backend(dataset)
         self._stages = tail.stages(self.plan) if self.backend == "dali" else []
+        if self.backend == "arrays":
+            self._stages = self._array_stages
         slow = [type(t).__name__ for t, _, stage in self._stages if stage in ("per sample", "pil")]
-        if slow:
+        if slow and self.backend == "arrays":
+            warnings.warn(f"gputransforms: {', '.join(slow)} run(s) per sample with torchvision on the device (no "
+                          "batched lowering); see DataLoader.explain()", FallbackWarning, stacklevel=2)
+        elif slow:
             why = ("a callable before ToTensor expects a PIL image" if self.plan.tail_mode == "pil"
                    else "no DALI or batched lowering")
             warnings.warn(f"gputransforms: {', '.join(slow)} run(s) per sample with torchvision after the DALI graph "
@@ -157,6 +164,9 @@ class DataLoader(tud.DataLoader):
     def _choose_backend(self, dataset) -> tuple[Optional[Plan], str, str]:
         if self.batch_size is None and self.batch_sampler is None:
             return None, "torchvision", "batch_size=None: per-sample items, not batches"
+        arrays = self._in_memory(dataset)
+        if arrays is not None:
+            return arrays
         if not dali_available():
             return None, "torchvision", "NVIDIA DALI is not installed"
         try:
@@ -181,6 +191,35 @@ class DataLoader(tud.DataLoader):
                                       "the DALI graph (pass num_workers=0 to keep the graph)")
         return p, "dali", ""
 
+    def _in_memory(self, dataset) -> Optional[tuple]:
+        """An in-memory dataset (datasets/inmemory.py) runs on its device without DALI (arrays.py)."""
+        from .arrays import DeviceArrays
+        from .compiler import vectorized
+        from .compiler.plan import NotLowerable
+        from .datasets.inmemory import ARRAY_ADAPTERS
+
+        inner = dataset
+        while isinstance(inner, tud.Subset):  # random_split's parts too
+            inner = inner.dataset
+        if not any(c in ARRAY_ADAPTERS for c in type(inner).__mro__):
+            return None
+        try:
+            samples = resolve(dataset)
+        except NotCompilable as e:
+            return None, "torchvision", str(e)
+        if getattr(samples, "plan_input", "") != "array":
+            return None
+        try:
+            self._array_stages = vectorized.stages(samples.transform, samples.pil) if samples.transform else []
+        except NotLowerable as e:
+            return None, "torchvision", str(e)
+        if samples.pil and samples.transform is None and self._user_collate is None:
+            raise TypeError(f"{type(dataset).__name__} without a transform gives PIL images, which cannot be batched "
+                            "(torch's default_collate raises too); add ToTensor() or PILToTensor()")
+        self._files = samples
+        self._arrays = DeviceArrays(samples, self.device)
+        return None, "arrays", ""
+
     def explain(self) -> str:
         head = (f"gputransforms.DataLoader: {len(self.dataset)} samples, batch_size={self.batch_size}, "
                 f"backend={self.backend}, device={self.device}")
@@ -189,6 +228,10 @@ class DataLoader(tud.DataLoader):
         if self._user_collate is not None and self.backend == "dali":
             head += f"\n  collate_fn {getattr(self._user_collate, '__name__', type(self._user_collate).__name__)} " \
                     "runs on each compiled batch"
+        if self.backend == "arrays":
+            from .arrays import explain
+
+            return head + "\n" + explain(self._array_stages, self.device)
         if self.backend == "torchvision":
             lines = [head, f"  reason: {self.reason}"]
             if self.plan is not None:
@@ -202,7 +245,12 @@ class DataLoader(tud.DataLoader):
     def __iter__(self):
         self._warn_if_unsharded()
         resume, self._resume = self._resume, None
-        it = _TorchIterator(self, resume) if self.backend == "torchvision" else _CompiledIterator(self, resume)
+        if self.backend == "arrays":
+            from .arrays import ArrayIterator
+
+            it = ArrayIterator(self, self._arrays, self._array_stages, resume)
+        else:
+            it = _TorchIterator(self, resume) if self.backend == "torchvision" else _CompiledIterator(self, resume)
         self._last_iter = weakref.ref(it)
         return it
 

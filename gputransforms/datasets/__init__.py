@@ -8,7 +8,8 @@ datasets (video.py) give clips: the frames torchvision's ``VideoClips`` selects,
 """
 from torchvision.datasets import DatasetFolder as _TVDatasetFolder
 from torchvision.datasets import ImageFolder as _TVImageFolder
-from torchvision.datasets import (DTD, SUN397, Caltech101, Caltech256, CelebA, Country211,  # noqa: F401
+from torchvision.datasets import (CIFAR10, CIFAR100, DTD, EMNIST, KMNIST, MNIST, STL10, SUN397, SVHN,  # noqa: F401
+                                  Caltech101, Caltech256, CelebA, Country211, FashionMNIST,
                                   EuroSAT, FGVCAircraft, Flowers102, Food101, Imagenette, INaturalist,
                                   OxfordIIITPet, Places365, StanfordCars)
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, has_file_allowed_extension
@@ -20,10 +21,13 @@ from .video import HMDB51, UCF101, Kinetics
 #: (datasets/adapters.py) whether they come from here or from torchvision.datasets
 FILE_BACKED = ["Caltech101", "Caltech256", "CelebA", "Country211", "DTD", "EuroSAT", "FGVCAircraft", "Flowers102",
                "Food101", "Imagenette", "INaturalist", "OxfordIIITPet", "Places365", "StanfordCars", "SUN397"]
+#: torchvision's in-memory datasets, re-exported unchanged: gputransforms.DataLoader keeps their images on
+#: the device (datasets/inmemory.py, arrays.py)
+IN_MEMORY = ["CIFAR10", "CIFAR100", "EMNIST", "FashionMNIST", "KMNIST", "MNIST", "STL10", "SVHN"]
 #: torchvision's video datasets, scanned and (where torchcodec cannot load) decoded with PyAV
 VIDEO = ["HMDB51", "Kinetics", "UCF101"]
 __all__ = ["DatasetFolder", "ImageFolder", "ImageList", "IMG_EXTENSIONS", "default_loader",
-           "has_file_allowed_extension"] + FILE_BACKED + VIDEO
+           "has_file_allowed_extension"] + FILE_BACKED + IN_MEMORY + VIDEO
 
 
 class DatasetFolder(_TVDatasetFolder):

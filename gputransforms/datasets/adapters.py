@@ -23,7 +23,8 @@ from torchvision.datasets.vision import StandardTransform
 from .. import _compat
 from . import discover
 from .imagelist import ImageList
-from .video import VIDEO_ADAPTERS, ClipSamples
+from .inmemory import ARRAY_ADAPTERS
+from .video import VIDEO_ADAPTERS
 
 
 class NotCompilable(Exception):
@@ -156,8 +157,8 @@ def _subset(ds: tud.Subset) -> FileSamples:
 
 def _concat(ds: tud.ConcatDataset) -> FileSamples:
     parts = [resolve(d) for d in ds.datasets]
-    if any(isinstance(p, ClipSamples) for p in parts):
-        raise NotCompilable("ConcatDataset of video datasets (compile each one, or concatenate their folders)")
+    if not all(isinstance(p, FileSamples) for p in parts):
+        raise NotCompilable("ConcatDataset of video or in-memory datasets (compile each one)")
     chain = parts[0].transform
     for k, p in enumerate(parts[1:], 1):
         if not same_chain(chain, p.transform):
@@ -195,6 +196,7 @@ ADAPTERS: dict[type, Callable[[Any], FileSamples]] = {
     tud.Subset: _subset,
     tud.ConcatDataset: _concat,
     **VIDEO_ADAPTERS,  # Kinetics, UCF101, HMDB51: ClipSamples (datasets/video.py)
+    **ARRAY_ADAPTERS,  # CIFAR, MNIST family, SVHN, STL10, TensorDataset: ArraySamples (datasets/inmemory.py)
 }
 
 

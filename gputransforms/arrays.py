@@ -1,0 +1,103 @@
+"""In-memory datasets on the device: the dataset's images go to the device once (per loader), and
+each batch is gathered there by index and augmented as a whole (``compiler.vectorized``). No DALI
+graph and no file: what bounds a CIFAR-sized pass is the index sampler and the kernel launches.
+
+The iterator keeps torch's order of random draws at the start of an epoch (the sampler's order,
+then the base seed), so the same ``generator`` gives torch's batches of indices, and it records
+what ``state_dict()`` needs; the augmentations draw from torch's global RNG, which the state holds.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.utils.data as tud
+
+from . import state
+from .compiler import vectorized
+from .datasets.inmemory import ArraySamples
+from .device import torch_device
+
+
+class DeviceArrays:
+    """A loader's images (and int targets) on its device, uploaded on first use."""
+
+    def __init__(self, samples: ArraySamples, device: str):
+        self.samples = samples
+        self.dev = torch_device(device)
+        self._images: Optional[torch.Tensor] = None
+        self._targets: Optional[torch.Tensor] = None
+
+    def images(self) -> torch.Tensor:
+        if self._images is None:
+            self._images = self.samples.images.contiguous().to(self.dev)
+        return self._images
+
+    def targets(self) -> Optional[torch.Tensor]:
+        """The targets as one int64 tensor on the device, when they are plain ints without a
+        target_transform (else None: they are collated per batch as torch would)."""
+        s = self.samples
+        if self._targets is None and s.target_transform is None and s.extra is None and \
+                all(type(t) is int for t in s.targets):
+            self._targets = torch.as_tensor(s.targets, dtype=torch.int64).to(self.dev)
+        return self._targets
+
+
+def explain(compiled: list, device: str) -> str:
+    lines = [f"in memory: the images on the {device} once, each batch gathered there by index"]
+    for t, fn, stage in compiled:
+        label = {"vectorized": "vectorized ", "batched": "batched    ", "per sample": "per sample ",
+                 "conversion": "conversion "}[stage]
+        lines.append(f"  {label} {' '.join(repr(t).split())}")
+    return "\n".join(lines)
+
+
+class ArrayIterator:
+    """One pass over the sampler (torch's ``_BaseDataLoaderIter`` draws: the sampler's order, then
+    the base seed, from ``generator``)."""
+
+    def __init__(self, loader, arrays: DeviceArrays, compiled: list, resume: Optional[state.Position] = None):
+        self.loader, self.arrays, self.compiled = loader, arrays, compiled
+        if resume is not None:
+            state.set_rng_state(loader.generator, resume.rng)
+        self.rng_start = state.rng_state(loader.generator)
+        self.batches = iter(loader._index_sampler)
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)  # torch's base seed draw
+        self.yielded, self.done, self.skipped = 0, False, []
+        if resume is not None:
+            state.skip_batches(self.batches, resume.batches)
+            self.yielded = resume.batches
+            if resume.rng_now is not None:
+                torch.set_rng_state(resume.rng_now)
+        self.rows = torch.as_tensor(arrays.samples.rows, dtype=torch.int64)
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def random_state(self) -> tuple:
+        return None, torch.get_rng_state()
+
+    def __next__(self):
+        indices = next(self.batches, None)
+        if indices is None:
+            self.done = True
+            raise StopIteration
+        a, s = self.arrays, self.arrays.samples
+        rows = self.rows[torch.as_tensor(indices, dtype=torch.int64)]
+        rows_dev = vectorized._dev(rows, a.dev)
+        x = a.images().index_select(0, rows_dev)
+        if s.transform is not None:
+            x = vectorized.run(x, self.compiled)
+        self.yielded += 1
+        if s.extra is not None:  # a TensorDataset: its tensors, as default_collate stacks them
+            return [x] + [t[rows].to(a.dev, non_blocking=True) if a.dev.type == "cuda" else t[rows] for t in s.extra]
+        targets = a.targets()
+        if targets is not None:
+            labels = targets.index_select(0, rows_dev)
+        else:
+            labels = tud.default_collate([s.target(int(i)) for i in indices])
+            labels = labels.to(a.dev) if isinstance(labels, torch.Tensor) else labels
+        return x, labels

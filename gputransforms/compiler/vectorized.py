@@ -1,0 +1,128 @@
+"""Chains over in-memory images: every transform runs on the whole batch where it is (the GPU).
+
+A batch starts as the uint8 (N, C, H, W) rows of the dataset's array, each standing in for the PIL
+image torchvision would make of it (as in ``tail``: ToTensor scales, PILToTensor/ToImage do nothing).
+The transforms the common recipes use draw their parameters for the whole batch at once from torch's
+global RNG -- the same distributions as torchvision's per-sample draws, not the same numbers from a
+seed (tests/test_inmemory.py tests them by distribution) -- because at CIFAR sizes a per-sample
+Python draw costs more than the image's whole augmentation:
+
+- RandomCrop (padding of any mode, pad_if_needed), RandomHorizontalFlip, RandomVerticalFlip.
+
+The rest go where the tail sends them: the batched stage (``batched.lower``: Normalize, dtype
+conversions, ColorJitter, RandomErasing, ...), else torchvision per sample on the device. A
+transform that needs a PIL image (tensor kernels missing or meaning something else) makes the chain
+``NotLowerable``: the loader then runs on torch's DataLoader.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torchvision.transforms as tv1
+import torchvision.transforms.functional as F1
+from torchvision.transforms import v2 as tv2
+
+from .. import _compat
+from . import batched
+from .batched import _dev
+from .plan import TO_TENSOR, NotLowerable, flatten, tensor_capable
+from .tail import on_stand_in
+
+
+def _random_crop(t) -> Optional[batched.Batched]:
+    left, top, right, bottom = _compat.padding_ltrb(t)
+    fill = _compat.constant_fill(t)
+    if fill is None or len(set(fill)) != 1:
+        return None  # a per-channel or per-type fill: torchvision's tensor pad takes one number
+    th, tw = t.size
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if left or top or right or bottom:
+            x = F1.pad(x, [left, top, right, bottom], fill=fill[0], padding_mode=t.padding_mode)
+        n, _, h, w = x.shape
+        if t.pad_if_needed and h < th:
+            x = F1.pad(x, [0, th - h], fill=fill[0], padding_mode=t.padding_mode)
+        if t.pad_if_needed and w < tw:
+            x = F1.pad(x, [tw - w, 0], fill=fill[0], padding_mode=t.padding_mode)
+        n, _, h, w = x.shape
+        if h < th or w < tw:
+            raise ValueError(f"Required crop size {(th, tw)} is larger than input image size {(h, w)}")
+        i = _dev(torch.randint(0, h - th + 1, (n,)), x.device)
+        j = _dev(torch.randint(0, w - tw + 1, (n,)), x.device)
+        rows = i[:, None] + torch.arange(th, device=x.device)
+        cols = j[:, None] + torch.arange(tw, device=x.device)
+        nhwc = x.permute(0, 2, 3, 1)
+        out = nhwc[torch.arange(n, device=x.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
+        return out.permute(0, 3, 1, 2).contiguous()
+
+    return run
+
+
+def _flip(dim: int):
+    def build(t) -> batched.Batched:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            coins = _dev(torch.rand(x.shape[0]) < t.p, x.device)
+            return torch.where(coins[:, None, None, None], x.flip(dim), x)
+        return run
+    return build
+
+
+VECTORIZED = {
+    tv1.RandomCrop: _random_crop, tv2.RandomCrop: _random_crop,
+    tv1.RandomHorizontalFlip: _flip(-1), tv2.RandomHorizontalFlip: _flip(-1),
+    tv1.RandomVerticalFlip: _flip(-2), tv2.RandomVerticalFlip: _flip(-2),
+}
+
+
+def stages(transform, pil: bool = True) -> list:
+    """(transform, function of the batch or None, stage) for each transform of the chain; stage is
+    "vectorized", "batched", "per sample" or "conversion". ``pil``: the chain starts on PIL images."""
+    out = []
+    image_state = pil
+    for t in flatten(transform):
+        if image_state and isinstance(t, TO_TENSOR):
+            image_state = False
+            fn = on_stand_in(t)
+            out.append((t, fn, "conversion"))
+            continue
+        if not tensor_capable(t):
+            raise NotLowerable(f"{type(t).__name__} needs a PIL image (its tensor kernels differ or are missing)")
+        cls = next((c for c in type(t).__mro__ if c in VECTORIZED), None)
+        overridden = cls is not None and any(getattr(type(t), m, None) is not getattr(cls, m, None)
+                                             for m in batched._BEHAVIOUR)  # a subclass with its own forward
+        fn = VECTORIZED[cls](t) if cls is not None and not overridden else None
+        if fn is not None:
+            out.append((t, fn, "vectorized"))
+            continue
+        fn = batched.lower(t)
+        out.append((t, fn, "batched") if fn is not None else (t, t, "per sample"))
+    if image_state:
+        raise TypeError("the transform chain ends with a PIL image, which cannot be batched (torch's "
+                        "default_collate raises too); end it with ToTensor() or PILToTensor()")
+    return out
+
+
+def run(x: torch.Tensor, compiled: list) -> torch.Tensor:
+    """The chain on a batch: ``compiled`` is ``stages(...)``."""
+    pending: list = []
+
+    def flush(x):
+        if pending:
+            rows = []
+            for img in x:
+                for t in pending:
+                    img = t(img)
+                rows.append(torch.as_tensor(img))
+            x = torch.stack(rows)
+            pending.clear()
+        return x
+
+    for _, fn, stage in compiled:
+        if fn is None:
+            continue
+        if stage == "per sample":
+            pending.append(fn)
+        else:
+            x = fn(flush(x))
+    return flush(x).as_subclass(torch.Tensor)
