@@ -12,6 +12,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
+import torch
 import torch.utils.data as tud
 
 from . import files
@@ -84,86 +85,102 @@ class EpochFeed:
 
 
 class _Decoded(tud.Dataset):
-    """Index -> (index, the graph's inputs, None) or (index, None, the error's arguments), in a worker."""
+    """Index -> (index, the graph's inputs as tensors, None) or (index, None, the error's arguments),
+    in a worker process (tensors travel back through shared memory, arrays would be pickled)."""
 
     def __init__(self, read: Callable):
         self.read = read
 
-    def __len__(self) -> int:  # never asked: the batch sampler drives
+    def __len__(self) -> int:  # never asked: the sampler drives
         raise TypeError
 
     def __getitem__(self, i):
         try:
-            return i, self.read(i), None
+            return i, tuple(torch.from_numpy(a) for a in self.read(i)), None
         except files.BadSampleError as e:
             return i, None, (e.index, e.path, e.reason)
 
 
-class _Batches:
-    """A one-pass batch sampler over the epoch's batches as the sampler draws them."""
+class _Flat(tud.Sampler):
+    """The current epoch's index batches as one stream of indices (each worker decodes one sample at
+    a time, so a batch is spread over all of them), remembering the batches in order."""
 
-    def __init__(self, batches):
-        self.batches = batches
+    def __init__(self):
+        self.batches = iter(())
+        self.pulled: collections.deque = collections.deque()  # batches handed to workers, not yet returned
 
     def __iter__(self):
-        return (list(b) for b in self.batches)
+        for b in self.batches:
+            b = list(b)
+            self.pulled.append(b)
+            yield from b
+
+
+def _identity(x):
+    return x
+
+
+class ProcessDecoders:
+    """Worker processes that decode samples, kept across epochs (torch's persistent workers: no
+    start-up per epoch). One per pipeline slot, so each live iterator has its own."""
+
+    def __init__(self, samples, workers: int, lookahead: int):
+        self.flat = _Flat()
+        self.dl = tud.DataLoader(_Decoded(samples.reader(gpu=False, check_jpeg_scan=False)), batch_size=None,
+                                 sampler=self.flat, num_workers=workers, collate_fn=_identity,
+                                 prefetch_factor=max(2, lookahead), persistent_workers=True)
+        self.columns = samples.num_inputs(False)
+
+    def epoch(self, batches):
+        self.flat.batches = batches
+        self.flat.pulled.clear()
+        return iter(self.dl)  # a persistent iterator resets: outstanding work of a left epoch is dropped
 
 
 class ProcessEpochFeed(EpochFeed):
     """One pass over the sampler whose samples are decoded in worker processes (video on the CPU:
     PyAV holds the GIL for part of its work, so threads of one process decode ~3x slower than
     processes on 16 cores). torch's own DataLoader machinery moves the frames through shared memory
-    and keeps the batches in sampler order."""
+    and keeps the samples in sampler order."""
 
-    def __init__(self, samples, batches, workers: int, lookahead: int, *, skip: bool, skipped: list):
+    def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list):
         self.batches = batches
         self.in_flight = collections.deque()
+        self.reading = collections.deque()  # (unused: the decoders' iterator holds what is being read)
         self.stopped = False
         self.skip = skip
         self.skipped = skipped
         self.error: Optional[files.BadSampleError] = None
-        self.columns = samples.num_inputs(False)
-        self.reading = collections.deque()  # (unused: torch's iterator holds the batches being read)
-        dl = tud.DataLoader(_Decoded(samples.reader(gpu=False, check_jpeg_scan=False)), batch_sampler=_Batches(batches),
-                            num_workers=workers, collate_fn=_as_list, prefetch_factor=max(2, -(-lookahead // workers)))
-        self.it = iter(dl)
+        self.decoders = decoders
+        self.it = decoders.epoch(batches)
 
     def pending(self) -> list:
-        return [list(b) for b in self.in_flight]
+        return [list(b) for b in self.in_flight] + [list(b) for b in self.decoders.flat.pulled]
 
     def next_encoded(self):
         while True:
             if self.stopped:
                 raise StopIteration
-            items = next(self.it, None)
-            if items is None:
-                self.stop()
+            first = next(self.it, None)
+            if first is None:
+                self.stopped = True
                 raise StopIteration
+            # the sampler has handed out this batch's first index, so the batch is recorded
+            items = [first] + [next(self.it) for _ in range(len(self.decoders.flat.pulled.popleft()) - 1)]
             kept, data = [], []
             for i, item, err in items:
                 if err is None:
                     kept.append(i)
-                    data.append(item)
+                    data.append(tuple(t.numpy() for t in item))
                 elif self.skip:
                     self.skipped.append(files.BadSampleError(*err))
                 else:
                     self.error = files.BadSampleError(*err)
-                    self.stop()
+                    self.stopped = True
                     raise StopIteration
             if kept:
                 self.in_flight.append(kept)
-                return tuple(list(col) for col in zip(*data)) if self.columns > 1 else data
-
-    def stop(self):
-        self.stopped = True
-        it, self.it = getattr(self, "it", None), None
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-
-
-def _as_list(batch):
-    return batch
+                return tuple(list(col) for col in zip(*data))
 
 
 class PipelineSlot:
@@ -172,6 +189,7 @@ class PipelineSlot:
 
     def __init__(self):
         self.pipe = None
+        self.decoders: Optional[ProcessDecoders] = None  # worker processes, for samples decoded on the CPU
         self.epoch: Optional[EpochFeed] = None
         self.dirty = False  # an epoch was left mid-way: DALI may hold prefetched batches of it
 

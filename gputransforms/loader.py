@@ -27,7 +27,7 @@ from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
 from .datasets.adapters import FileSamples, NotCompilable, resolve
 from .device import (dali_available, default_device, default_threads, rank_tag, resolve as resolve_device,
                      torch_device)
-from .feed import EpochFeed, PipelineSlot, ProcessEpochFeed
+from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed
 
 __all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning", "dali_available",
            "default_device"]
@@ -321,11 +321,12 @@ class DataLoader(tud.DataLoader):
             self._max_batch_size = size
         return self._max_batch_size
 
-    def _new_epoch(self, batches, skipped: list) -> EpochFeed:
+    def _new_epoch(self, batches, skipped: list, slot: PipelineSlot) -> EpochFeed:
         first = self.plan.steps[0]
         if first.op == "video_decode" and first.args["decoder"] == "pyav":
-            return ProcessEpochFeed(self._files, batches, self.num_threads, lookahead=self.prefetch_queue_depth + 2,
-                                    skip=self.on_error == "skip", skipped=skipped)
+            if slot.decoders is None:
+                slot.decoders = ProcessDecoders(self._files, self.num_threads, lookahead=self.prefetch_queue_depth + 2)
+            return ProcessEpochFeed(slot.decoders, batches, skip=self.on_error == "skip", skipped=skipped)
         return EpochFeed(self._files, batches, self._pool, lookahead=self.prefetch_queue_depth + 2,
                          skip=self.on_error == "skip", gpu=self.device == "gpu",
                          check_jpeg_scan=self.validate_jpeg, skipped=skipped)
@@ -478,7 +479,7 @@ class _CompiledIterator:
             try:
                 if not self.scheduled:
                     if self.epoch is None:
-                        self.epoch = slot.epoch = loader._new_epoch(self.batches, self.skipped)
+                        self.epoch = slot.epoch = loader._new_epoch(self.batches, self.skipped, slot)
                     self.scheduled = True
                     pipe.schedule_run()
                 out = pipe.outputs(self.stream) if self.stream is not None else pipe.outputs()
@@ -539,7 +540,7 @@ class _CompiledIterator:
         self.slot.pipe = None
         self.loader._build_pipeline(self.slot, self.seed + len(self.skipped))
         self.epoch = self.slot.epoch = self.loader._new_epoch(
-            itertools.chain([b for b in pending if b], self.epoch.batches), self.skipped)
+            itertools.chain([b for b in pending if b], self.epoch.batches), self.skipped, self.slot)
         self.scheduled = False
 
     def _end_of_epoch(self):
