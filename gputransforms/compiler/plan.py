@@ -470,6 +470,22 @@ class _Planner:
                 self.flush()
                 self.steps.append(Step("flip", dict(op.args), [op.source]))
 
+    def lower(self, transforms: list, per_clip: tuple = ()) -> tuple[list, str]:
+        """Plan ``transforms`` in order up to the first one without a lowering (ops of a kind in
+        ``per_clip`` count as such); returns (the rest: the tail, the reason it starts there)."""
+        for j, t in enumerate(transforms):
+            try:
+                op = lower_transform(t)
+                if op.kind in per_clip:
+                    raise NotLowerable(f"{type(t).__name__}: on clips it runs per clip with torchvision")
+                if op.kind in ("to_tensor", "to_dtype", "normalize"):
+                    self.value(op)
+                else:
+                    self.geometric(op)
+            except NotLowerable as e:
+                return transforms[j:], str(e)
+        return [], ""
+
     def finish(self, chw: bool = False):
         args: dict[str, Any] = dict(layout="CHW" if self.tensor or chw else "HWC",
                                     dtype=self.dtype if self.tensor else torch.uint8)
@@ -503,7 +519,6 @@ def plan(transform, input: str = "image") -> Plan:
     planner = _Planner()
     decode = Step("decode", {}, [])
     planner.steps.append(decode)
-    tail, reason = [], ""
     i = 0
     if transforms:
         try:
@@ -517,17 +532,7 @@ def plan(transform, input: str = "image") -> Plan:
             planner.steps.append(Step("resize", dict(target=("exact", first.args["size"]), interp=first.args["interp"],
                                                      antialias=True), [first.source]))
             i = 1
-    for j in range(i, len(transforms)):
-        t = transforms[j]
-        try:
-            op = lower_transform(t)
-            if op.kind in ("to_tensor", "to_dtype", "normalize"):
-                planner.value(op)
-            else:
-                planner.geometric(op)
-        except NotLowerable as e:
-            tail, reason = transforms[j:], str(e)
-            break
+    tail, reason = planner.lower(transforms[i:])
     tail_mode = choose_tail_mode(tail, image_state=not planner.tensor) if tail else "pil"
     planner.finish(chw=tail_mode == "tensor")
     steps = planner.steps
@@ -550,19 +555,8 @@ def _plan_video(transforms: list, layout: str) -> Plan:
     tail, reason = list(transforms), "output_format='THWC': the transform gets (T, H, W, C) frames"
     if layout == "TCHW":
         planner.tensor = True  # torchvision hands the transform a uint8 tensor, not a PIL image
-        tail, reason = [], ""
-        for j, t in enumerate(transforms):
-            try:
-                op = lower_transform(t)
-                if op.kind == "auto_augment" or op.kind == "random_resized_crop":
-                    raise NotLowerable(f"{type(t).__name__}: on clips it runs per clip with torchvision")
-                if op.kind in ("to_tensor", "to_dtype", "normalize"):
-                    planner.value(op)
-                else:
-                    planner.geometric(op)
-            except NotLowerable as e:
-                tail, reason = transforms[j:], str(e)
-                break
+        # DALI draws these per frame of a sequence, or not with torchvision's meaning there
+        tail, reason = planner.lower(transforms, per_clip=("auto_augment", "random_resized_crop"))
         planner.finish()
     last = planner.steps[-1].args
     out_dtype = last["dtype"] if layout == "TCHW" else torch.uint8

@@ -66,32 +66,37 @@ def stages(plan: Plan) -> list:
     return out
 
 
+def run_stages(batch: torch.Tensor, compiled: list) -> torch.Tensor:
+    """(transform, function, stage) triples on a batch, in order: whole-batch functions on the batch,
+    consecutive "per sample" ones in one pass over its samples."""
+    pending: list = []
+
+    def flush(batch):
+        if pending:
+            out = []
+            for img in batch:
+                for t in pending:
+                    img = t(img)
+                out.append(torch.as_tensor(img))
+            batch = torch.stack(out)
+            pending.clear()
+        return batch
+
+    for _, fn, stage in compiled:
+        if fn is None:
+            continue
+        if stage == "per sample":
+            pending.append(fn)
+        else:
+            batch = fn(flush(batch))
+    return flush(batch).as_subclass(torch.Tensor)
+
+
 def run_tail(images, plan: Plan, device: torch.device, compiled: list) -> torch.Tensor:
     """``images``: the graph's output batch as a tensor (N,...) or a list of per-sample tensors.
     ``compiled``: ``stages(plan)``, computed once by the caller (lowering is not per batch work)."""
     if plan.tail_mode in ("tensor", "clip"):
-        batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
-        pending: list = []  # consecutive per-sample transforms, applied in one pass over the samples
-
-        def flush(batch):
-            if pending:
-                out = []
-                for img in batch:
-                    for t in pending:
-                        img = t(img)
-                    out.append(torch.as_tensor(img))
-                batch = torch.stack(out)
-                pending.clear()
-            return batch
-
-        for _, fn, stage in compiled:
-            if fn is None:
-                continue
-            if stage == "per sample":
-                pending.append(fn)
-            else:
-                batch = fn(flush(batch))
-        return flush(batch).as_subclass(torch.Tensor)
+        return run_stages(images if isinstance(images, torch.Tensor) else torch.stack(list(images)), compiled)
     samples = []
     for img in images:
         if plan.output == "image":

@@ -27,7 +27,7 @@ from .. import _compat
 from . import batched
 from .batched import _dev
 from .plan import TO_TENSOR, NotLowerable, flatten, tensor_capable
-from .tail import on_stand_in
+from .tail import on_stand_in, run_stages as run  # noqa: F401 - arrays.py runs the stages
 
 
 def _random_crop(t) -> Optional[batched.Batched]:
@@ -101,28 +101,3 @@ def stages(transform, pil: bool = True) -> list:
         raise TypeError("the transform chain ends with a PIL image, which cannot be batched (torch's "
                         "default_collate raises too); end it with ToTensor() or PILToTensor()")
     return out
-
-
-def run(x: torch.Tensor, compiled: list) -> torch.Tensor:
-    """The chain on a batch: ``compiled`` is ``stages(...)``."""
-    pending: list = []
-
-    def flush(x):
-        if pending:
-            rows = []
-            for img in x:
-                for t in pending:
-                    img = t(img)
-                rows.append(torch.as_tensor(img))
-            x = torch.stack(rows)
-            pending.clear()
-        return x
-
-    for _, fn, stage in compiled:
-        if fn is None:
-            continue
-        if stage == "per sample":
-            pending.append(fn)
-        else:
-            x = fn(flush(x))
-    return flush(x).as_subclass(torch.Tensor)
