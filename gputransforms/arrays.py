@@ -92,6 +92,15 @@ class ArrayIterator:
         if s.transform is not None:
             x = vectorized.run(x, self.compiled)
         self.yielded += 1
+        collate = self.loader._user_collate
+        if collate is not None:  # what torch hands it: dataset[i] for each index, transformed
+            if s.extra is not None:
+                items = [(img, *(t[r] for t in s.extra)) for img, r in zip(x.unbind(0), rows.tolist())]
+            else:
+                items = list(zip(x.unbind(0), [s.target(int(i)) for i in indices]))
+            from .loader import _to_device
+
+            return _to_device(collate(items), a.dev)
         if s.extra is not None:  # a TensorDataset: its tensors, as default_collate stacks them
             return [x] + [t[rows].to(a.dev, non_blocking=True) if a.dev.type == "cuda" else t[rows] for t in s.extra]
         targets = a.targets()

@@ -213,7 +213,9 @@ class DataLoader(tud.DataLoader):
             self._array_stages = vectorized.stages(samples.transform, samples.pil) if samples.transform else []
         except NotLowerable as e:
             return None, "torchvision", str(e)
-        if samples.pil and samples.transform is None and self._user_collate is None:
+        if samples.pil and samples.transform is None:
+            if self._user_collate is not None:
+                return None, "torchvision", f"{type(dataset).__name__} without a transform gives the collate_fn PIL images"
             raise TypeError(f"{type(dataset).__name__} without a transform gives PIL images, which cannot be batched "
                             "(torch's default_collate raises too); add ToTensor() or PILToTensor()")
         self._files = samples

@@ -138,6 +138,24 @@ def test_tensor_dataset_and_random_split(device):
         assert torch.equal(x.cpu(), tx) and torch.equal(y.cpu(), ty)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_user_collate_fn(device):
+    """A collate_fn gets (image, target) pairs as torch would hand them, images transformed."""
+    def collate(batch):
+        return torch.stack([img.float().mean() for img, _ in batch]), [t for _, t in batch]
+
+    ds = fake(torchvision.datasets.CIFAR10, transform=T.PILToTensor())
+    ours, theirs = side_by_side(ds, device, batch_size=8, shuffle=True, collate_fn=collate)
+    for (m, t), (tm, tt) in zip(ours, theirs):
+        assert t == tt
+        torch.testing.assert_close(m.cpu(), tm)
+    td = tud.TensorDataset(torch.from_numpy(photos(20, 16).transpose(0, 3, 1, 2).copy()), torch.arange(20))
+    ours, theirs = side_by_side(td, device, batch_size=8, collate_fn=collate)
+    for (m, t), (tm, tt) in zip(ours, theirs):
+        assert [int(x) for x in t] == [int(x) for x in tt]
+        torch.testing.assert_close(m.cpu(), tm)
+
+
 def test_resume_and_seeded_runs():
     tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.RandomErasing(p=0.5)])
     ds = fake(torchvision.datasets.CIFAR10, n=100, transform=tf)

@@ -360,7 +360,6 @@ class _Planner:
         self.steps: list = []
         self.crop: Optional[Op] = None
         self.crop_fill_raw = None
-        self.crop_fill_strict = None
         self.flip: Optional[Op] = None
         # pixel values as torchvision would hold them = raw_uint8 * scale + shift (per channel)
         self.scale = [1.0, 1.0, 1.0]
@@ -376,10 +375,15 @@ class _Planner:
         pads the graph's data itself, so on uint8 data (``strict``) the fill must be a uint8 value;
         crop_mirror_normalize pads in output units, which any fill maps to."""
         raw = [(f - b) / a for f, a, b in zip(fill, self.scale, self.shift)]
-        if not strict or self.graph_float:
+        return self.slice_fill(raw, op) if strict else [float(r) for r in raw]
+
+    def slice_fill(self, raw: list, op: Op) -> list:
+        """A raw fill as a slice of the graph's data can pad with it: any value on float data, a
+        uint8 value on uint8 data."""
+        if self.graph_float:
             return [float(r) for r in raw]
         if any(abs(r - round(r)) > 1e-3 or not 0 <= round(r) <= 255 for r in raw):
-            raise NotLowerable(f"{type(op.source).__name__}: fill {tuple(fill)} after a value change")
+            raise NotLowerable(f"{type(op.source).__name__}: fill {tuple(op.args['fill'])} after a value change")
         return [float(round(r)) for r in raw]
 
     def value(self, op: Op):
@@ -422,9 +426,8 @@ class _Planner:
     # geometry -----------------------------------------------------------------------------------
     def flush(self):
         if self.crop is not None:
-            fill = self.crop_fill_strict if self.crop_fill_strict is not None else self.crop_fill_raw
-            if isinstance(fill, NotLowerable):
-                raise fill
+            # (raises if the fill is no uint8 value: the crop then stays pending, for crop_mirror_normalize)
+            fill = self.slice_fill(self.crop_fill_raw, self.crop)
             self.steps.append(Step("slice", dict(self.crop.args, fill=fill), [self.crop.source]))
             self.crop = None
         if self.flip is not None:
@@ -451,10 +454,6 @@ class _Planner:
                 self.steps.append(Step("slice", dict(op.args, fill=self.raw_fill(op.args["fill"], op)), [op.source]))
             else:
                 self.crop, self.crop_fill_raw = op, self.raw_fill(op.args["fill"], op, strict=False)
-                try:  # needed only if a later geometric step turns the pending crop into a slice
-                    self.crop_fill_strict = self.raw_fill(op.args["fill"], op)
-                except NotLowerable as e:
-                    self.crop_fill_strict = e
         elif op.kind == "auto_augment":
             if self.tensor:
                 raise NotLowerable(f"{type(op.source).__name__} after ToTensor (DALI's suite works on uint8 images)")
