@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torchvision
 
-from .loader import _gpu, _rss_peak_mb, bar_chart, timed
+from .loader import _Moved, _device, _gpu, _rss_peak_mb, bar_chart, timed
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -45,15 +45,6 @@ def chain(T):
     return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
-class _OnDevice:
-    def __init__(self, dl):
-        self.dl = dl
-
-    def __iter__(self):
-        for x, y in self.dl:
-            yield (x.cuda(non_blocking=True), y.cuda(non_blocking=True)) if _gpu() else (x, y)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description="in-memory datasets benchmark")
     ap.add_argument("--images", type=int, default=50000)
@@ -73,9 +64,9 @@ def main(argv=None):
         def make():
             if name == "torchvision":
                 ds.transform = chain(tv)
-                return _OnDevice(torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True,
-                                                             num_workers=a.workers, pin_memory=_gpu(),
-                                                             persistent_workers=True))
+                return _Moved(torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True,
+                                                          num_workers=a.workers, pin_memory=_gpu(),
+                                                          persistent_workers=True), _device())
             ds.transform = chain(T)
             return DataLoader(ds, batch_size=a.batch_size, shuffle=True)
         n = a.images * (1 if name == "torchvision" else a.epochs)

@@ -100,6 +100,10 @@ def _gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _device() -> torch.device:
+    return torch.device("cuda" if _gpu() else "cpu")
+
+
 def _device_mem_used() -> int:
     if not _gpu():
         return 0
@@ -194,7 +198,7 @@ def gc_collect():
 def run_torchvision(root, chain, batch_size, workers):
     import torchvision.transforms as T
 
-    dev = torch.device("cuda" if _gpu() else "cpu")
+    dev = _device()
 
     def make():
         ds = torchvision.datasets.ImageFolder(root, transform=CHAINS[chain](T))
@@ -207,12 +211,14 @@ def run_torchvision(root, chain, batch_size, workers):
 
 
 class _Moved:
+    """torch's DataLoader with each batch's tensors moved to ``dev`` (what a training loop does)."""
+
     def __init__(self, dl, dev):
         self.dl, self.dev = dl, dev
 
     def __iter__(self):
-        for x, y in self.dl:
-            yield x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
+        for batch in self.dl:
+            yield tuple(b.to(self.dev, non_blocking=True) if isinstance(b, torch.Tensor) else b for b in batch)
 
 
 def run_dali_handwritten(root, chain, batch_size, threads):
@@ -345,7 +351,7 @@ class UserDataset(torch.utils.data.Dataset):
 def run_torchvision_userdataset(root, chain, batch_size, workers):
     import torchvision.transforms as T
 
-    dev = torch.device("cuda" if _gpu() else "cpu")
+    dev = _device()
 
     def make():
         dl = torch.utils.data.DataLoader(UserDataset(_two_labels(root), CHAINS[chain](T)), batch_size=batch_size,

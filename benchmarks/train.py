@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from benchmarks.loader import (PIPELINES, _PeakGpuMemory, _device_mem_used, _gpu, _sync, bar_chart, gc_collect,
+from benchmarks.loader import (PIPELINES, _PeakGpuMemory, _device, _device_mem_used, _gpu, _sync, bar_chart, gc_collect,
                                make_data)
 
 WARMUP = 10
@@ -159,7 +159,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.make_data and not Path(a.root).exists():
         make_data(a.root, a.make_data)
-    dev = torch.device("cuda" if _gpu() else "cpu")
+    dev = _device()
     classes = len(torchvision.datasets.folder.find_classes(a.root)[0])
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from .loader import _gpu, _rss_peak_mb, bar_chart, gc_collect, timed
+from .loader import _Moved, _device, _gpu, _rss_peak_mb, bar_chart, gc_collect, timed
 
 MEAN, STD = (0.43216, 0.394666, 0.37645), (0.22803, 0.22145, 0.216989)
 FRAMES, STEP = 16, 16
@@ -71,19 +71,10 @@ def run_torchvision(root, batch_size, workers):
 
     def make():
         ds = _dataset(root, preset_train(T), workers)
-        return _OnDevice(torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                                     pin_memory=_gpu(), persistent_workers=True))
+        return _Moved(torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
+                                                  pin_memory=_gpu(), persistent_workers=True), _device())
 
     return make
-
-
-class _OnDevice:
-    def __init__(self, dl):
-        self.dl = dl
-
-    def __iter__(self):
-        for batch in self.dl:
-            yield [b.cuda(non_blocking=True) if _gpu() and isinstance(b, torch.Tensor) else b for b in batch]
 
 
 class _Decode(torch.utils.data.Dataset):
