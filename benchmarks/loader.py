@@ -61,12 +61,23 @@ def simclr_tf(T):
 
 
 def timm_ra_tf(T):
-    """timm's standard train transform, ``create_transform(224, is_training=True,
-    auto_augment="rand-m9-mstd0.5", re_prob=0.25)``: timm's RandAugment works on PIL images, so
-    gputransforms runs it (and what follows) per sample on the CPU after the graph."""
-    from timm.data import create_transform
+    """timm's training recipe of DeiT, ConvNeXt and most ViTs, ``create_transform(224, is_training=True,
+    auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)``: gputransforms lowers timm's RandAugment into
+    the graph (``compiler/timm_augment.py``) and runs timm's RandomErasing batched.
 
-    return create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25)
+    Pillow 13 raises for ``ImageOps.posterize(img, 0)``, which timm's PosterizeIncreasing asks for at
+    magnitude 10 (about one image in 650 with mstd 0.5): torchvision's side would stop with a
+    ValueError, so under Pillow 13 the benchmark gives timm Pillow 12's posterize (0 bits: black)."""
+    import PIL
+    from timm.data import auto_augment, create_transform
+
+    if int(PIL.__version__.split(".")[0]) >= 13:
+        def posterize(image, bits):
+            mask = ~(2 ** (8 - bits) - 1) & 0xFF
+            return image.point([i & mask for i in range(256)] * len(image.getbands()))
+
+        auto_augment.ImageOps.posterize = posterize
+    return create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
 
 
 CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf, "simclr": simclr_tf, "timm_ra": timm_ra_tf,
@@ -473,9 +484,7 @@ def main(argv=None):
         for name in a.pipelines.split(","):
             if name == "dali-experimental-tv" and chain != "train":
                 continue
-            # timm's RandAugment needs PIL images: gputransforms hands that chain to torch's worker
-            # processes, so it gets the worker count torchvision's DataLoader gets
-            threads = a.workers if name.startswith("torchvision") or chain == "timm_ra" else a.threads
+            threads = a.workers if name.startswith("torchvision") else a.threads
             n = a.images or (n_files if name == "torchvision" else 2 * n_files)
             if name == "dali-experimental-tv":
                 n = min(n, 384)

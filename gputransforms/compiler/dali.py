@@ -20,6 +20,7 @@ import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
 from nvidia.dali.pipeline import Pipeline
 
+from . import timm_augment
 from .plan import Plan, Step
 
 _DALI_DTYPE = {
@@ -324,6 +325,7 @@ LOWER: dict[str, Callable] = {
     "auto_augment": _auto_augment,
     "trivial_augment_wide": _trivial_augment_wide,
     "rand_augment": _rand_augment,
+    "timm_augment": timm_augment.lower,
     "decode": _decode,
     "video_decode": _video_decode,
     "resize": _resize,
@@ -351,7 +353,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
                   seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
                   enable_checkpointing=plan.checkpointable,
-                  enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment", "auto_augment")
+                  enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment", "auto_augment", "timm_augment")
                                               for s in plan.steps))
     def graph():
         if reader is not None:

@@ -313,11 +313,19 @@ def _timm_random_resized_crop(t) -> Op:
 @functools.lru_cache(maxsize=None)  # on first use, so that importing gputransforms does not import timm
 def _timm_lowerings() -> dict:
     try:
+        from timm.data.auto_augment import AutoAugment, RandAugment
         from timm.data.transforms import RandomResizedCropAndInterpolation
     except ImportError:  # timm is optional
         return {}
     # timm's MaybeToTensor / MaybePILToTensor subclass torchvision's ToTensor / PILToTensor
-    return {RandomResizedCropAndInterpolation: _timm_random_resized_crop}
+    return {RandomResizedCropAndInterpolation: _timm_random_resized_crop,
+            RandAugment: _timm_auto_augment, AutoAugment: _timm_auto_augment}
+
+
+def _timm_auto_augment(t) -> Op:
+    from . import timm_augment
+
+    return Op("auto_augment", timm_augment.describe(t), t)
 
 
 def lower_transform(t) -> Op:
@@ -458,8 +466,9 @@ class _Planner:
             if self.tensor:
                 raise NotLowerable(f"{type(op.source).__name__} after ToTensor (DALI's suite works on uint8 images)")
             self.flush()
-            self.steps.append(Step(op.args["policy"], dict(op.args), [op.source],
-                                   "torchvision's augmentation space in DALI's auto_aug ops"))
+            note = ("timm's ops and level functions, DALI conditionals" if op.args["policy"] == "timm_augment"
+                    else "torchvision's augmentation space in DALI's auto_aug ops")
+            self.steps.append(Step(op.args["policy"], dict(op.args), [op.source], note))
         elif op.kind == "flip":
             if op.args["horizontal"]:
                 if self.flip is not None:

@@ -1,0 +1,345 @@
+"""timm's automatic augmentations in the DALI graph: ``RandAugment`` (``rand-m9-mstd0.5-inc1`` and the
+rest of its config language: ``n``, ``p``, ``mstd`` including uniform sampling, ``mmax``, ``inc``,
+unweighted op sets) and ``AutoAugment`` (``original``, ``originalr``, ``v0``, ``v0r`` and DeiT III's
+``3a``), lowered op for op from ``timm/data/auto_augment.py``.
+
+timm applies, per image and per layer: pick an op (RandAugment: uniformly, with replacement; AutoAugment:
+one sub-policy, then its ops in order), apply it with the op's probability, at a magnitude drawn as
+``clip(gauss(m, mstd), 0, mmax or 10)`` (``uniform(0, m)`` when mstd is infinite), mapped to the op's
+argument by timm's level function, with a random sign where timm negates. The graph draws the same
+per sample (DALI's random operators, so the draws are DALI's numbers, not Python's: tested by
+distribution against timm's own transform) and routes each sample to its op with DALI's
+conditionals (a binary split on the op index, as DALI's own auto_aug does).
+
+The ops follow PIL's formulas, as timm calls them: affine warps as PIL's inverse maps (pixel centres at
++0.5, the rotation about (w/2, h/2)), filled with timm's per-channel ``img_mean`` (warped in float
+around the fill, since DALI's warp fills with one number), enhance blends truncated as PIL's
+``Image.blend``, ``Contrast`` about the rounded mean of PIL's L image. What differs measurably:
+``Equalize`` is DALI's (OpenCV's lookup table, not PIL's), ``Sharpness`` smooths the 1-pixel border
+where PIL keeps it, a warp blends the fill into its border pixels, and the Gaussian blurs are true
+Gaussians where PIL approximates with box blurs.
+
+``describe`` (plan time) reads the timm object and raises NotLowerable for what this does not cover
+(a weighted op choice over several layers, which timm draws without replacement; a random
+interpolation per op; an op or level function that is not timm's); ``lower`` builds the graph.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .plan import NotLowerable
+
+_LEVEL_DENOM = 10.0
+_GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
+_SIGNED = _GEOMETRIC | {"ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"}
+SUPPORTED = _GEOMETRIC | {
+    "AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "PosterizeOriginal", "Solarize",
+    "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing",
+    "Brightness", "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing", "Desaturate", "GaussianBlur",
+    "GaussianBlurRand"}
+
+
+# --- plan time: what the timm object asks for ------------------------------------------------------
+
+def _interp(resample, name: str) -> str:
+    from PIL import Image
+
+    if isinstance(resample, (list, tuple)):
+        raise NotLowerable(f"timm {name}: a random interpolation per op (DALI's warps: nearest, bilinear)")
+    if resample == Image.Resampling.BILINEAR:
+        return "INTERP_LINEAR"
+    if resample == Image.Resampling.NEAREST:
+        return "INTERP_NN"
+    raise NotLowerable(f"timm {name}: interpolation {resample!r} (DALI's warps: nearest, bilinear)")
+
+
+def _op_spec(op, owner: str) -> dict:
+    from timm.data import auto_augment as aa
+
+    name = getattr(op, "name", None)
+    if type(op) is not aa.AugmentOp or name not in SUPPORTED:
+        raise NotLowerable(f"timm {owner}: op {op!r} has no lowering")
+    if op.aug_fn is not aa.NAME_TO_OP[name] or op.level_fn is not aa.LEVEL_TO_ARG[name]:
+        raise NotLowerable(f"timm {owner}: op {name} with its own function")
+    fill = op.kwargs.get("fillcolor", aa._FILL)
+    fill = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(f) for f in fill]
+    if len(fill) != 3:
+        raise NotLowerable(f"timm {owner}: fill {fill}")
+    std = float(op.magnitude_std or 0.0)
+    return dict(name=name, prob=float(op.prob), magnitude=float(op.magnitude), mstd=std,
+                upper=float(op.magnitude_max or _LEVEL_DENOM), fill=fill,
+                interp=_interp(op.kwargs.get("resample"), name) if name in _GEOMETRIC else None,
+                translate_pct=float(op.hparams.get("translate_pct", 0.45)),
+                translate_const=float(op.hparams.get("translate_const", 250)))
+
+
+def describe(t) -> dict:
+    """The step's arguments for a timm RandAugment or AutoAugment: ``ops`` (one spec per op), and per
+    layer, how a sample picks its op: RandAugment draws an op index per layer (``weights`` or uniform);
+    AutoAugment draws a sub-policy once, and ``table[j][s]`` is the op of sub-policy s at position j
+    (``len(ops)``, the identity, where a sub-policy is shorter)."""
+    from timm.data import auto_augment as aa
+
+    if type(t) is aa.RandAugment:
+        weights = None if t.choice_weights is None else [float(w) for w in t.choice_weights]
+        if weights is not None and t.num_layers > 1:
+            raise NotLowerable("timm RandAugment: a weighted op choice over several layers (drawn without replacement)")
+        ops = [_op_spec(op, "RandAugment") for op in t.ops]
+        return dict(policy="timm_augment", mode="rand", ops=ops, layers=int(t.num_layers), weights=weights)
+    if type(t) is aa.AutoAugment:
+        ops, table = [], []
+        for sub in t.policy:
+            table.append([])
+            for op in sub:
+                table[-1].append(len(ops))
+                ops.append(_op_spec(op, "AutoAugment"))
+        layers = max(len(s) for s in table)
+        table = [[s[j] if j < len(s) else len(ops) for s in table] for j in range(layers)]
+        return dict(policy="timm_augment", mode="auto", ops=ops, layers=layers, table=table)
+    raise NotLowerable(f"{type(t).__name__}: no DALI lowering")
+
+
+# --- graph time ------------------------------------------------------------------------------------
+
+def lower(g, step, **_) -> None:
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    a = step.args
+    ops, n_layers = a["ops"], a["layers"]
+    k = len(ops)
+    shape = (n_layers,)
+    if a["mode"] == "rand":
+        if a["weights"] is not None:
+            pick = fn.random.choice(k, p=a["weights"], shape=shape)
+        else:
+            pick = fn.random.uniform(values=list(range(k)), shape=shape, dtype=types.INT32)
+    else:
+        sub = fn.random.uniform(values=list(range(len(a["table"][0]))), dtype=types.INT32)
+    draws = dict(
+        apply=fn.random.uniform(range=[0.0, 1.0], shape=shape),
+        normal=fn.random.normal(shape=shape),
+        uniform=fn.random.uniform(range=[0.0, 1.0], shape=shape),  # magnitudes when mstd is infinite
+        blur=fn.random.uniform(range=[0.0, 1.0], shape=shape),  # GaussianBlurRand's radius
+        sign=fn.cast(fn.random.coin_flip(probability=0.5, shape=shape), dtype=types.FLOAT) * -2.0 + 1.0,
+    )
+    probs = [op["prob"] for op in ops]
+    img = g.img
+    for j in range(n_layers):
+        if a["mode"] == "rand":
+            idx = pick[j]
+        else:
+            idx = fn.lookup_table(sub, keys=list(range(len(a["table"][j]))), values=a["table"][j],
+                                  dtype=types.INT32, default_value=k)
+        layer = {key: node[j] for key, node in draws.items()}
+        if len(set(probs)) == 1:
+            applied = layer["apply"] < probs[0]
+        else:
+            p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
+            applied = layer["apply"] < p
+        on = fn.cast(applied, dtype=types.INT32)
+        chosen = on * idx + (1 - on) * k  # k: not applied (or no op at this position)
+        img = _switch(g, chosen, 0, k, img, ops, layer)
+    g.img = img
+
+
+def _switch(g, chosen, lo: int, hi: int, img, ops: list, layer: dict):
+    """``ops[chosen]`` on each sample (``len(ops)``: the identity), by halving the index range with
+    DALI's conditionals (a Python ``if`` on a node: the pipeline is traced with conditionals on)."""
+    if lo == hi:
+        return img if lo == len(ops) else _apply(g, img, ops[lo], layer)
+    mid = (lo + hi) // 2
+    if chosen <= mid:
+        out = _switch(g, chosen, lo, mid, img, ops, layer)
+    else:
+        out = _switch(g, chosen, mid + 1, hi, img, ops, layer)
+    return out
+
+
+def _magnitude(op: dict, layer: dict):
+    import nvidia.dali.math as dmath
+
+    if math.isinf(op["mstd"]):
+        m = layer["uniform"] * op["magnitude"]
+    else:
+        m = layer["normal"] * op["mstd"] + op["magnitude"]
+    return dmath.clamp(m, 0.0, op["upper"])
+
+
+def _level(op: dict, layer: dict):
+    """timm's ``LEVEL_TO_ARG[name](magnitude)`` as graph arithmetic (one float per sample)."""
+    import nvidia.dali.math as dmath
+
+    name = op["name"]
+    lv = _magnitude(op, layer) / _LEVEL_DENOM
+    sign = layer["sign"]
+    if name == "Rotate":
+        return lv * 30.0 * sign
+    if name in ("ShearX", "ShearY"):
+        return lv * 0.3 * sign
+    if name in ("TranslateX", "TranslateY"):
+        return lv * op["translate_const"] * sign
+    if name in ("TranslateXRel", "TranslateYRel"):
+        return lv * op["translate_pct"] * sign
+    if name == "Posterize":
+        return dmath.floor(lv * 4.0)
+    if name == "PosterizeIncreasing":
+        return 4.0 - dmath.floor(lv * 4.0)
+    if name == "PosterizeOriginal":
+        return dmath.floor(lv * 4.0) + 4.0
+    if name == "Solarize":
+        return dmath.min(dmath.floor(lv * 256.0), 256.0)
+    if name == "SolarizeIncreasing":
+        return 256.0 - dmath.min(dmath.floor(lv * 256.0), 256.0)
+    if name == "SolarizeAdd":
+        return dmath.min(dmath.floor(lv * 110.0), 128.0)
+    if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness
+        return dmath.max(lv * 0.9 * sign + 1.0, 0.1)
+    if name in ("Color", "Contrast", "Brightness", "Sharpness"):
+        return lv * 1.8 + 0.1
+    if name == "Desaturate":
+        return dmath.clamp(lv * 0.5 + 0.5, 0.5, 1.0)
+    if name == "GaussianBlur":
+        return dmath.clamp(lv * 1.9 + 0.1, 0.1, 2.0)
+    if name == "GaussianBlurRand":
+        return dmath.clamp(lv, 0.0, 1.0)
+    return None  # AutoContrast, Equalize, Invert take no argument
+
+
+def _dev(g, node):
+    return node.gpu() if g.device == "gpu" else node
+
+
+def _const(g, values):
+    import numpy as np
+    import nvidia.dali.types as types
+
+    return types.Constant(np.asarray(values, dtype=np.float32), device=g.device)
+
+
+def _to_uint8(x):
+    """PIL's truncation of a blend into 0..255."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+    import nvidia.dali.types as types
+
+    return fn.cast(dmath.floor(dmath.clamp(x, 0.0, 255.0)), dtype=types.UINT8)
+
+
+def _luma(g, x):
+    """PIL's ``convert("L")`` of float RGB values: (R*19595 + G*38470 + B*7471 + 0x8000) >> 16."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+
+    w = _const(g, [19595 / 65536, 38470 / 65536, 7471 / 65536])
+    return dmath.floor(fn.reductions.sum(x * w, axis_names="C", keep_dims=True) + 0.5)
+
+
+def _blend(degenerate, x, factor):
+    """PIL's ``Image.blend(degenerate, image, factor)``: degenerate + factor * (image - degenerate)."""
+    return _to_uint8(degenerate + (x - degenerate) * factor)
+
+
+def _warp(g, img, matrix, op):
+    """PIL's ``img.transform(size, AFFINE, matrix, resample, fillcolor)``: ``matrix`` maps output to
+    input coordinates. DALI fills with one number; a per-channel fill is warped as the offset from it."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    interp = getattr(types, op["interp"])
+    fill = op["fill"]
+    if len(set(fill)) == 1:
+        return fn.warp_affine(img, matrix=matrix, fill_value=fill[0], interp_type=interp, inverse_map=True)
+    f = _const(g, fill)
+    x = fn.cast(img, dtype=types.FLOAT) - f
+    x = fn.warp_affine(x, matrix=matrix, fill_value=0.0, interp_type=interp, inverse_map=True)
+    return fn.cast(x + f, dtype=types.UINT8)
+
+
+def _matrix(*entries):
+    """A 2x3 matrix node from six per-sample scalars (floats or nodes; at least one node)."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    node = next(e for e in entries if not isinstance(e, (int, float)))
+    zero = node * 0.0
+    nodes = [fn.cast(e if not isinstance(e, (int, float)) else zero + float(e), dtype=types.FLOAT) for e in entries]
+    return fn.reshape(fn.stack(*nodes), shape=[2, 3])
+
+
+def _apply(g, img, op: dict, layer: dict):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+    import nvidia.dali.types as types
+
+    name = op["name"]
+    v = _level(op, layer)
+    if name in _GEOMETRIC:
+        w, h = _float_scalar(g.w), _float_scalar(g.h)
+        if name == "ShearX":
+            m = _matrix(1.0, v, 0.0, 0.0, 1.0, 0.0)
+        elif name == "ShearY":
+            m = _matrix(1.0, 0.0, 0.0, v, 1.0, 0.0)
+        elif name == "TranslateX":
+            m = _matrix(1.0, 0.0, v, 0.0, 1.0, 0.0)
+        elif name == "TranslateY":
+            m = _matrix(1.0, 0.0, 0.0, 0.0, 1.0, v)
+        elif name == "TranslateXRel":
+            m = _matrix(1.0, 0.0, v * w, 0.0, 1.0, 0.0)
+        elif name == "TranslateYRel":
+            m = _matrix(1.0, 0.0, 0.0, 0.0, 1.0, v * h)
+        else:  # Rotate: PIL's Image.rotate, counter-clockwise by v degrees about (w/2, h/2)
+            rad = v * (-math.pi / 180.0)
+            c, s = dmath.cos(rad), dmath.sin(rad)
+            cx, cy = w * 0.5, h * 0.5
+            m = _matrix(c, s, cx - (c * cx + s * cy), s * -1.0, c, cy - (c * cy - s * cx))
+        return _warp(g, img, m, op)
+    if name == "Invert":
+        return types.Constant(255, dtype=types.UINT8) - img
+    if name == "Equalize":
+        return fn.equalize(img)
+    if name == "AutoContrast":  # per channel: lut[i] = int((i - lo) * 255 / (hi - lo)), identity if hi == lo
+        lo = fn.cast(fn.reductions.min(img, axis_names="HW", keep_dims=True), dtype=types.FLOAT)
+        hi = fn.cast(fn.reductions.max(img, axis_names="HW", keep_dims=True), dtype=types.FLOAT)
+        x = fn.cast(img, dtype=types.FLOAT)
+        span = hi - lo
+        stretch = fn.cast(span > 0.0, dtype=types.FLOAT)
+        scale = stretch * (255.0 / dmath.max(span, 1.0)) + (1.0 - stretch)
+        return _to_uint8((x - lo * stretch) * scale)
+    if name.startswith("Posterize"):  # keep the top `bits` bits
+        mask = fn.cast(256.0 - dmath.pow(2.0, 8.0 - v), dtype=types.UINT8)
+        return img & _dev(g, mask)
+    if name.startswith("Solarize") and name != "SolarizeAdd":  # i < thresh ? i : 255 - i
+        below = img < _dev(g, fn.cast(v, dtype=types.INT32))
+        return below * img + (below ^ True) * (types.Constant(255, dtype=types.UINT8) - img)
+    if name == "SolarizeAdd":  # i < 128 ? min(255, i + add) : i
+        below = img < types.Constant(128, dtype=types.UINT8)
+        shifted = dmath.min(fn.cast(img, dtype=types.INT32) + _dev(g, fn.cast(v, dtype=types.INT32)), 255)
+        return fn.cast(below * shifted + (below ^ True) * img, dtype=types.UINT8)
+    if name in ("GaussianBlur", "GaussianBlurRand"):  # PIL's GaussianBlur(radius), radius as sigma
+        radius = v if name == "GaussianBlur" else layer["blur"] * (v * 2.0 - 0.1) + 0.1
+        return fn.gaussian_blur(img, sigma=dmath.max(radius, 0.1))
+    x = fn.cast(img, dtype=types.FLOAT)
+    factor = _dev(g, v)
+    if name in ("Brightness", "BrightnessIncreasing"):  # blend with black
+        return _to_uint8(x * factor)
+    if name in ("Color", "ColorIncreasing", "Desaturate"):  # blend with PIL's grey (L) image
+        if name == "Desaturate":
+            factor = _dev(g, dmath.clamp(1.0 - v, 0.0, 1.0))
+        return _blend(_luma(g, x), x, factor)
+    if name in ("Contrast", "ContrastIncreasing"):  # blend with the rounded mean of the L image
+        mean = dmath.floor(fn.reductions.mean(_luma(g, x), axis_names="HW", keep_dims=True) + 0.5)
+        return _blend(mean, x, factor)
+    if name in ("Sharpness", "SharpnessIncreasing"):  # blend with PIL's SMOOTH filter, rounded
+        smooth = _const(g, [[1 / 13, 1 / 13, 1 / 13], [1 / 13, 5 / 13, 1 / 13], [1 / 13, 1 / 13, 1 / 13]])
+        degenerate = dmath.floor(fn.filter(x, smooth, border="clamp") + 0.5)
+        return _blend(degenerate, x, factor)
+    raise AssertionError(name)  # describe() admits only SUPPORTED names
+
+
+def _float_scalar(x: Any):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    return float(x) if isinstance(x, (int, float)) else fn.cast(x, dtype=types.FLOAT)
