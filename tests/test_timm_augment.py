@@ -88,6 +88,7 @@ POLICIES = {
     "rand-m9-mstd0.5": lambda: aa.rand_augment_transform("rand-m9-mstd0.5", dict(HPARAMS)),
     "rand-m7-n3-p0.8-mstd101-mmax12": lambda: aa.rand_augment_transform("rand-m7-n3-p0.8-mstd101-mmax12",
                                                                         dict(HPARAMS)),
+    "rand-m9-n1-tweights": lambda: aa.rand_augment_transform("rand-m9-n1-tweights", dict(HPARAMS)),
     "rand-m9-t3a": lambda: aa.rand_augment_transform("rand-m9-t3a", dict(HPARAMS)),
     "original": lambda: aa.auto_augment_transform("original", dict(HPARAMS)),
     "v0-mstd0.5": lambda: aa.auto_augment_transform("v0-mstd0.5", dict(HPARAMS)),
