@@ -101,6 +101,13 @@ def describe(t) -> dict:
 
 
 # --- graph time ------------------------------------------------------------------------------------
+#
+# DALI runs each arithmetic operator of an expression as an operator of its own, and an operator
+# costs about the same per batch whatever its size, so the graph computes what ops share once per
+# layer, outside the branches (the signed level ``+-m / 10``, when the ops share their magnitude,
+# as RandAugment's do), hands the branches as few nodes as it can (each node a branch reads is
+# split at every level of the tree above it), keeps magnitudes without noise as Python numbers, and
+# builds warp matrices as one constant combination.
 
 def lower(g, step, **_) -> None:
     import nvidia.dali.fn as fn
@@ -117,13 +124,16 @@ def lower(g, step, **_) -> None:
             pick = fn.random.uniform(values=list(range(k)), shape=shape, dtype=types.INT32)
     else:
         sub = fn.random.uniform(values=list(range(len(a["table"][0]))), dtype=types.INT32)
-    draws = dict(
-        apply=fn.random.uniform(range=[0.0, 1.0], shape=shape),
-        normal=fn.random.normal(shape=shape),
-        uniform=fn.random.uniform(range=[0.0, 1.0], shape=shape),  # magnitudes when mstd is infinite
-        blur=fn.random.uniform(range=[0.0, 1.0], shape=shape),  # GaussianBlurRand's radius
-        sign=fn.cast(fn.random.coin_flip(probability=0.5, shape=shape), dtype=types.FLOAT) * -2.0 + 1.0,
-    )
+    noisy = [op for op in ops if op["mstd"] > 0]
+    draws = dict(apply=fn.random.uniform(range=[0.0, 1.0], shape=shape),
+                 sign=fn.cast(fn.random.coin_flip(probability=0.5, shape=shape), dtype=types.FLOAT) * -2.0 + 1.0)
+    if any(not math.isinf(op["mstd"]) for op in noisy):
+        draws["normal"] = fn.random.normal(shape=shape)
+    if any(math.isinf(op["mstd"]) for op in noisy):
+        draws["uniform"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)  # magnitudes when mstd is infinite
+    if any(op["name"] == "GaussianBlurRand" for op in ops):
+        draws["blur"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)
+    shared = len({(op["magnitude"], op["mstd"], op["upper"]) for op in ops}) == 1
     probs = [op["prob"] for op in ops]
     img = g.img
     for j in range(n_layers):
@@ -133,11 +143,16 @@ def lower(g, step, **_) -> None:
             idx = fn.lookup_table(sub, keys=list(range(len(a["table"][j]))), values=a["table"][j],
                                   dtype=types.INT32, default_value=k)
         layer = {key: node[j] for key, node in draws.items()}
+        coin = layer.pop("apply")
+        if shared:  # one level for every op of the layer; the branches get only its signed copy
+            # (each node a branch reads is split at every level of the tree above it)
+            layer = dict(signed=_level_of(ops[0], layer) * layer["sign"],
+                         **({"blur": layer["blur"]} if "blur" in layer else {}))
         if len(set(probs)) == 1:
-            applied = layer["apply"] < probs[0]
+            applied = coin < probs[0]
         else:
             p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
-            applied = layer["apply"] < p
+            applied = coin < p
         on = fn.cast(applied, dtype=types.INT32)
         chosen = on * idx + (1 - on) * k  # k: not applied (or no op at this position)
         img = _switch(g, chosen, 0, k, img, ops, layer)
@@ -157,74 +172,99 @@ def _switch(g, chosen, lo: int, hi: int, img, ops: list, layer: dict):
     return out
 
 
-def _magnitude(op: dict, layer: dict):
+def _node(x) -> bool:
+    return not isinstance(x, (int, float))
+
+
+def _floor(x):
     import nvidia.dali.math as dmath
 
+    return dmath.floor(x) if _node(x) else float(math.floor(x))
+
+
+def _min(x, y):
+    import nvidia.dali.math as dmath
+
+    return dmath.min(x, y) if _node(x) or _node(y) else min(x, y)
+
+
+def _max(x, y):
+    import nvidia.dali.math as dmath
+
+    return dmath.max(x, y) if _node(x) or _node(y) else max(x, y)
+
+
+def _level_of(op: dict, layer: dict):
+    """``clip(magnitude, 0, upper) / 10``: a Python number when the magnitude has no noise."""
+    import nvidia.dali.math as dmath
+
+    if op["mstd"] == 0:
+        return min(max(op["magnitude"], 0.0), op["upper"]) / _LEVEL_DENOM
     if math.isinf(op["mstd"]):
         m = layer["uniform"] * op["magnitude"]
     else:
         m = layer["normal"] * op["mstd"] + op["magnitude"]
-    return dmath.clamp(m, 0.0, op["upper"])
+    return dmath.clamp(m, 0.0, op["upper"]) * (1.0 / _LEVEL_DENOM)
 
 
-def _level(op: dict, layer: dict):
-    """timm's ``LEVEL_TO_ARG[name](magnitude)`` as graph arithmetic (one float per sample)."""
+def _argument(op: dict, layer: dict):
+    """timm's ``LEVEL_TO_ARG[name](magnitude)`` (one number per sample), for the ops that take one
+    and are not warps (their matrices are built from the signed level directly)."""
     import nvidia.dali.math as dmath
 
     name = op["name"]
-    lv = _magnitude(op, layer) / _LEVEL_DENOM
-    sign = layer["sign"]
-    if name == "Rotate":
-        return lv * 30.0 * sign
-    if name in ("ShearX", "ShearY"):
-        return lv * 0.3 * sign
-    if name in ("TranslateX", "TranslateY"):
-        return lv * op["translate_const"] * sign
-    if name in ("TranslateXRel", "TranslateYRel"):
-        return lv * op["translate_pct"] * sign
+    lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
     if name == "Posterize":
-        return dmath.floor(lv * 4.0)
+        return _floor(lv * 4.0)
     if name == "PosterizeIncreasing":
-        return 4.0 - dmath.floor(lv * 4.0)
+        return 4.0 - _floor(lv * 4.0)
     if name == "PosterizeOriginal":
-        return dmath.floor(lv * 4.0) + 4.0
+        return _floor(lv * 4.0) + 4.0
     if name == "Solarize":
-        return dmath.min(dmath.floor(lv * 256.0), 256.0)
+        return _min(_floor(lv * 256.0), 256.0)
     if name == "SolarizeIncreasing":
-        return 256.0 - dmath.min(dmath.floor(lv * 256.0), 256.0)
+        return 256.0 - _min(_floor(lv * 256.0), 256.0)
     if name == "SolarizeAdd":
-        return dmath.min(dmath.floor(lv * 110.0), 128.0)
-    if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness
-        return dmath.max(lv * 0.9 * sign + 1.0, 0.1)
+        return _min(_floor(lv * 110.0), 128.0)
+    if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness: 1 +- 0.9 level, at least 0.1
+        return _max(_signed(op, layer) * 0.9 + 1.0, 0.1)
     if name in ("Color", "Contrast", "Brightness", "Sharpness"):
         return lv * 1.8 + 0.1
-    if name == "Desaturate":
-        return dmath.clamp(lv * 0.5 + 0.5, 0.5, 1.0)
+    if name == "Desaturate":  # level in [0.5, 1]; the blend factor is 1 - level
+        return 1.0 - min(max(lv * 0.5 + 0.5, 0.5), 1.0) if not _node(lv) else \
+            1.0 - _min(_max(lv * 0.5 + 0.5, 0.5), 1.0)
     if name == "GaussianBlur":
-        return dmath.clamp(lv * 1.9 + 0.1, 0.1, 2.0)
-    if name == "GaussianBlurRand":
-        return dmath.clamp(lv, 0.0, 1.0)
+        return _min(_max(lv * 1.9 + 0.1, 0.1), 2.0)
+    if name == "GaussianBlurRand":  # radius uniform in (0.1, 2 * level)
+        return layer["blur"] * (_min(_max(lv, 0.0), 1.0) * 2.0 - 0.1) + 0.1
     return None  # AutoContrast, Equalize, Invert take no argument
 
 
-def _dev(g, node):
-    return node.gpu() if g.device == "gpu" else node
+def _signed(op: dict, layer: dict):
+    if "signed" in layer:
+        return layer["signed"]
+    return layer["sign"] * _level_of(op, layer)
 
 
-def _const(g, values):
+def _dev(g, x):
+    """A per-sample number where the image is (a Python number stays one)."""
+    return x.gpu() if g.device == "gpu" and _node(x) else x
+
+
+def _const(g, values, device=None):
     import numpy as np
     import nvidia.dali.types as types
 
-    return types.Constant(np.asarray(values, dtype=np.float32), device=g.device)
+    return types.Constant(np.asarray(values, dtype=np.float32), device=device or g.device)
 
 
 def _to_uint8(x):
-    """PIL's truncation of a blend into 0..255."""
+    """PIL's truncation of a blend into 0..255 (DALI's cast saturates)."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
-    return fn.cast(dmath.floor(dmath.clamp(x, 0.0, 255.0)), dtype=types.UINT8)
+    return fn.cast(dmath.floor(x), dtype=types.UINT8)
 
 
 def _luma(g, x):
@@ -238,7 +278,7 @@ def _luma(g, x):
 
 def _blend(degenerate, x, factor):
     """PIL's ``Image.blend(degenerate, image, factor)``: degenerate + factor * (image - degenerate)."""
-    return _to_uint8(degenerate + (x - degenerate) * factor)
+    return _to_uint8((x - degenerate) * factor + degenerate)
 
 
 def _warp(g, img, matrix, op):
@@ -252,20 +292,61 @@ def _warp(g, img, matrix, op):
     if len(set(fill)) == 1:
         return fn.warp_affine(img, matrix=matrix, fill_value=fill[0], interp_type=interp, inverse_map=True)
     f = _const(g, fill)
-    x = fn.cast(img, dtype=types.FLOAT) - f
-    x = fn.warp_affine(x, matrix=matrix, fill_value=0.0, interp_type=interp, inverse_map=True)
-    return fn.cast(x + f, dtype=types.UINT8)
+    x = fn.warp_affine(fn.cast(img, dtype=types.FLOAT) - f, matrix=matrix, fill_value=0.0, interp_type=interp,
+                       inverse_map=True)
+    return fn.cast(x + f, dtype=types.UINT8)  # (DALI's cast rounds, as PIL's bilinear filter does)
 
 
-def _matrix(*entries):
-    """A 2x3 matrix node from six per-sample scalars (floats or nodes; at least one node)."""
+def _warp_matrix(g, op: dict, layer: dict):
+    """The inverse map PIL's transform gets, as ``s * A + B`` (or ``cos * A + sin * B + C`` for a
+    rotation about (w/2, h/2)) with constant 2x3 matrices, s the signed level: two operators (seven
+    for a rotation), where the image size is known when the graph is built."""
+    import nvidia.dali.math as dmath
+
+    name, s = op["name"], _signed(op, layer)
+    if _node(g.w) or _node(g.h):
+        return _warp_matrix_dynamic(g, op, s)
+    w, h = float(g.w), float(g.h)
+    eye = [[1, 0, 0], [0, 1, 0]]
+    unit = {"ShearX": ([[0, 0.3, 0], [0, 0, 0]]), "ShearY": ([[0, 0, 0], [0.3, 0, 0]]),
+            "TranslateX": [[0, 0, op["translate_const"]], [0, 0, 0]],
+            "TranslateY": [[0, 0, 0], [0, 0, op["translate_const"]]],
+            "TranslateXRel": [[0, 0, op["translate_pct"] * w], [0, 0, 0]],
+            "TranslateYRel": [[0, 0, 0], [0, 0, op["translate_pct"] * h]]}
+    if name in unit:
+        return s * _const(g, unit[name], "cpu") + _const(g, eye, "cpu")
+    # Rotate: PIL's Image.rotate by 30 * level degrees counter-clockwise: a = -radians(degrees),
+    # [[cos a, sin a, t0], [-sin a, cos a, t1]], (t0, t1) keeping (w/2, h/2) in place
+    rad = s * (-30.0 * math.pi / 180.0)
+    cx, cy = w / 2, h / 2
+    return (dmath.cos(rad) * _const(g, [[1, 0, -cx], [0, 1, -cy]], "cpu")
+            + dmath.sin(rad) * _const(g, [[0, 1, -cy], [-1, 0, cx]], "cpu") + _const(g, [[0, 0, cx], [0, 0, cy]], "cpu"))
+
+
+def _warp_matrix_dynamic(g, op: dict, s):
+    """The same matrices, for images whose size is only known per sample."""
     import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
-    node = next(e for e in entries if not isinstance(e, (int, float)))
-    zero = node * 0.0
-    nodes = [fn.cast(e if not isinstance(e, (int, float)) else zero + float(e), dtype=types.FLOAT) for e in entries]
-    return fn.reshape(fn.stack(*nodes), shape=[2, 3])
+    w, h = fn.cast(g.w, dtype=types.FLOAT), fn.cast(g.h, dtype=types.FLOAT)
+    zero = s * 0.0
+    one = zero + 1.0
+    name = op["name"]
+    if name == "Rotate":
+        rad = s * (-30.0 * math.pi / 180.0)
+        c, n = dmath.cos(rad), dmath.sin(rad)
+        cx, cy = w * 0.5, h * 0.5
+        entries = [c, n, cx - (c * cx + n * cy), zero - n, c, cy - (c * cy - n * cx)]
+    else:
+        v = {"ShearX": s * 0.3, "ShearY": s * 0.3, "TranslateX": s * op["translate_const"],
+             "TranslateY": s * op["translate_const"], "TranslateXRel": s * op["translate_pct"] * w,
+             "TranslateYRel": s * op["translate_pct"] * h}[name]
+        entries = {"ShearX": [one, v, zero, zero, one, zero], "ShearY": [one, zero, zero, v, one, zero],
+                   "TranslateX": [one, zero, v, zero, one, zero], "TranslateY": [one, zero, zero, zero, one, v],
+                   "TranslateXRel": [one, zero, v, zero, one, zero],
+                   "TranslateYRel": [one, zero, zero, zero, one, v]}[name]
+    return fn.reshape(fn.stack(*entries), shape=[2, 3])
 
 
 def _apply(g, img, op: dict, layer: dict):
@@ -274,27 +355,8 @@ def _apply(g, img, op: dict, layer: dict):
     import nvidia.dali.types as types
 
     name = op["name"]
-    v = _level(op, layer)
     if name in _GEOMETRIC:
-        w, h = _float_scalar(g.w), _float_scalar(g.h)
-        if name == "ShearX":
-            m = _matrix(1.0, v, 0.0, 0.0, 1.0, 0.0)
-        elif name == "ShearY":
-            m = _matrix(1.0, 0.0, 0.0, v, 1.0, 0.0)
-        elif name == "TranslateX":
-            m = _matrix(1.0, 0.0, v, 0.0, 1.0, 0.0)
-        elif name == "TranslateY":
-            m = _matrix(1.0, 0.0, 0.0, 0.0, 1.0, v)
-        elif name == "TranslateXRel":
-            m = _matrix(1.0, 0.0, v * w, 0.0, 1.0, 0.0)
-        elif name == "TranslateYRel":
-            m = _matrix(1.0, 0.0, 0.0, 0.0, 1.0, v * h)
-        else:  # Rotate: PIL's Image.rotate, counter-clockwise by v degrees about (w/2, h/2)
-            rad = v * (-math.pi / 180.0)
-            c, s = dmath.cos(rad), dmath.sin(rad)
-            cx, cy = w * 0.5, h * 0.5
-            m = _matrix(c, s, cx - (c * cx + s * cy), s * -1.0, c, cy - (c * cy - s * cx))
-        return _warp(g, img, m, op)
+        return _warp(g, img, _warp_matrix(g, op, layer), op)
     if name == "Invert":
         return types.Constant(255, dtype=types.UINT8) - img
     if name == "Equalize":
@@ -302,31 +364,27 @@ def _apply(g, img, op: dict, layer: dict):
     if name == "AutoContrast":  # per channel: lut[i] = int((i - lo) * 255 / (hi - lo)), identity if hi == lo
         lo = fn.cast(fn.reductions.min(img, axis_names="HW", keep_dims=True), dtype=types.FLOAT)
         hi = fn.cast(fn.reductions.max(img, axis_names="HW", keep_dims=True), dtype=types.FLOAT)
-        x = fn.cast(img, dtype=types.FLOAT)
-        span = hi - lo
-        stretch = fn.cast(span > 0.0, dtype=types.FLOAT)
-        scale = stretch * (255.0 / dmath.max(span, 1.0)) + (1.0 - stretch)
-        return _to_uint8((x - lo * stretch) * scale)
-    if name.startswith("Posterize"):  # keep the top `bits` bits
-        mask = fn.cast(256.0 - dmath.pow(2.0, 8.0 - v), dtype=types.UINT8)
-        return img & _dev(g, mask)
+        stretch = fn.cast(hi > lo, dtype=types.FLOAT)
+        scale = stretch * (255.0 / dmath.max(hi - lo, 1.0)) + (1.0 - stretch)
+        return _to_uint8((fn.cast(img, dtype=types.FLOAT) - lo * stretch) * scale)
+    v = _argument(op, layer)
+    if name.startswith("Posterize"):  # keep the top `bits` bits: & (256 - 2 ** (8 - bits))
+        if not _node(v):
+            return img & types.Constant(int(256 - 2 ** (8 - int(v))), dtype=types.UINT8)
+        return img & _dev(g, fn.cast(dmath.pow(2.0, 8.0 - v) * -1.0 + 256.0, dtype=types.UINT8))
     if name.startswith("Solarize") and name != "SolarizeAdd":  # i < thresh ? i : 255 - i
-        below = img < _dev(g, fn.cast(v, dtype=types.INT32))
+        below = img < _dev(g, v)
         return below * img + (below ^ True) * (types.Constant(255, dtype=types.UINT8) - img)
     if name == "SolarizeAdd":  # i < 128 ? min(255, i + add) : i
         below = img < types.Constant(128, dtype=types.UINT8)
-        shifted = dmath.min(fn.cast(img, dtype=types.INT32) + _dev(g, fn.cast(v, dtype=types.INT32)), 255)
-        return fn.cast(below * shifted + (below ^ True) * img, dtype=types.UINT8)
+        return fn.cast(img + below * _dev(g, v), dtype=types.UINT8)  # (the cast saturates at 255)
     if name in ("GaussianBlur", "GaussianBlurRand"):  # PIL's GaussianBlur(radius), radius as sigma
-        radius = v if name == "GaussianBlur" else layer["blur"] * (v * 2.0 - 0.1) + 0.1
-        return fn.gaussian_blur(img, sigma=dmath.max(radius, 0.1))
+        return fn.gaussian_blur(img, sigma=_max(v, 0.1))
     x = fn.cast(img, dtype=types.FLOAT)
     factor = _dev(g, v)
     if name in ("Brightness", "BrightnessIncreasing"):  # blend with black
         return _to_uint8(x * factor)
     if name in ("Color", "ColorIncreasing", "Desaturate"):  # blend with PIL's grey (L) image
-        if name == "Desaturate":
-            factor = _dev(g, dmath.clamp(1.0 - v, 0.0, 1.0))
         return _blend(_luma(g, x), x, factor)
     if name in ("Contrast", "ContrastIncreasing"):  # blend with the rounded mean of the L image
         mean = dmath.floor(fn.reductions.mean(_luma(g, x), axis_names="HW", keep_dims=True) + 0.5)
@@ -336,10 +394,3 @@ def _apply(g, img, op: dict, layer: dict):
         degenerate = dmath.floor(fn.filter(x, smooth, border="clamp") + 0.5)
         return _blend(degenerate, x, factor)
     raise AssertionError(name)  # describe() admits only SUPPORTED names
-
-
-def _float_scalar(x: Any):
-    import nvidia.dali.fn as fn
-    import nvidia.dali.types as types
-
-    return float(x) if isinstance(x, (int, float)) else fn.cast(x, dtype=types.FLOAT)
