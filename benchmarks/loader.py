@@ -80,7 +80,18 @@ def timm_ra_tf(T):
     return create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
 
 
+def timm_default_tf(T):
+    """What timm's train.py builds with its defaults (no --aa, --train-interpolation random,
+    --color-jitter 0.4): ``create_transform(224, is_training=True, interpolation="random")``, a
+    RandomResizedCropAndInterpolation drawing bilinear or bicubic per image (in the graph), flip,
+    ColorJitter(0.4, 0.4, 0.4) (batched), ToTensor, Normalize."""
+    from timm.data import create_transform
+
+    return create_transform(224, is_training=True, interpolation="random")
+
+
 CHAINS = {"train": train_tf, "eval": eval_tf, "ta_wide": ta_wide_tf, "simclr": simclr_tf, "timm_ra": timm_ra_tf,
+          "timm_default": timm_default_tf,
           "ta_wide_mixup": ta_wide_tf}
 
 
@@ -257,6 +268,10 @@ def run_dali_handwritten(root, chain, batch_size, threads):
                 from nvidia.dali.auto_aug.rand_augment import rand_augment
 
                 images = rand_augment(images, n=2, m=9, fill_value=0)
+            if chain == "timm_default":  # DALI's colour_twist for ColorJitter(0.4, 0.4, 0.4), fixed order
+                images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                                        contrast=fn.random.uniform(range=[0.6, 1.4]),
+                                        saturation=fn.random.uniform(range=[0.6, 1.4]))
             if chain == "simclr":  # DALI's colour and blur ops (fixed jitter order, not torchvision's random one)
                 if fn.random.coin_flip(probability=0.8):
                     images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),

@@ -165,10 +165,19 @@ def _video_decode(g: _Graph, step: Step, **_) -> None:
     g.h, g.w = hw[0], hw[1]
 
 
+def _interp_type(interp):
+    """A DALI filter by name, or for a tuple of names one drawn per sample, uniformly (timm's
+    ``interpolation='random'``: ``random.choice`` of bilinear and bicubic per image)."""
+    if isinstance(interp, str):
+        return getattr(types, interp)
+    codes = [int(getattr(types, name)) for name in interp]
+    return fn.cast(fn.random.uniform(values=codes, dtype=types.INT32), dtype=types.INTERP_TYPE)
+
+
 def _resize(g: _Graph, step: Step, **_) -> None:
     h, w = resized_size(g.h, g.w, step.args["target"])
     kw = dict(dtype=types.FLOAT) if step.args.get("float") else {}
-    g.img = fn.resize(g.img, resize_y=_float(h), resize_x=_float(w), interp_type=getattr(types, step.args["interp"]),
+    g.img = fn.resize(g.img, resize_y=_float(h), resize_x=_float(w), interp_type=_interp_type(step.args["interp"]),
                       antialias=step.args["antialias"], **kw)
     g.h, g.w = h, w
 
@@ -177,7 +186,7 @@ def _random_resized_crop(g: _Graph, step: Step, **_) -> None:
     size = step.args["size"]
     g.img = fn.random_resized_crop(g.img, size=list(size), random_area=list(step.args["scale"]),
                                    random_aspect_ratio=list(step.args["ratio"]), num_attempts=10,
-                                   interp_type=getattr(types, step.args["interp"]), antialias=step.args["antialias"])
+                                   interp_type=_interp_type(step.args["interp"]), antialias=step.args["antialias"])
     g.h, g.w = size
 
 

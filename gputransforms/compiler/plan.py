@@ -303,11 +303,19 @@ def choose_tail_mode(tail: list, image_state: bool) -> str:
 
 def _timm_random_resized_crop(t) -> Op:
     """timm's RandomResizedCropAndInterpolation: torchvision's sampling rule (drawn with Python's
-    ``random``), on PIL images; ``interpolation='random'`` picks a filter per sample."""
+    ``random``), on PIL images; ``interpolation='random'`` (timm's train.py default) picks a filter
+    per sample, uniformly from a tuple (bilinear, bicubic): ``interp`` is then the tuple of DALI's
+    filters, one drawn per sample in the graph."""
     if isinstance(t.interpolation, (list, tuple)):
-        raise NotLowerable("RandomResizedCropAndInterpolation: a random interpolation per sample")
+        modes = [_compat.interpolation_mode(m) for m in t.interpolation]
+        missing = [m.value for m in modes if m not in DALI_INTERPOLATION]
+        if missing or not modes:
+            raise NotLowerable(f"RandomResizedCropAndInterpolation: interpolation {missing} has no DALI equivalent")
+        interp = tuple(DALI_INTERPOLATION[m] for m in modes)
+    else:
+        interp = _interp(t)
     return Op("random_resized_crop", dict(size=tuple(t.size), scale=tuple(t.scale), ratio=tuple(t.ratio),
-                                          interp=_interp(t), antialias=True), t)
+                                          interp=interp, antialias=True), t)
 
 
 @functools.lru_cache(maxsize=None)  # on first use, so that importing gputransforms does not import timm
