@@ -26,7 +26,6 @@ interpolation per op; an op or level function that is not timm's); ``lower`` bui
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from .plan import NotLowerable
 
@@ -172,26 +171,12 @@ def _switch(g, chosen, lo: int, hi: int, img, ops: list, layer: dict):
     return out
 
 
-def _node(x) -> bool:
-    return not isinstance(x, (int, float))
-
-
 def _floor(x):
     import nvidia.dali.math as dmath
 
-    return dmath.floor(x) if _node(x) else float(math.floor(x))
+    from .dali import _is_node
 
-
-def _min(x, y):
-    import nvidia.dali.math as dmath
-
-    return dmath.min(x, y) if _node(x) or _node(y) else min(x, y)
-
-
-def _max(x, y):
-    import nvidia.dali.math as dmath
-
-    return dmath.max(x, y) if _node(x) or _node(y) else max(x, y)
+    return dmath.floor(x) if _is_node(x) else float(math.floor(x))
 
 
 def _level_of(op: dict, layer: dict):
@@ -212,6 +197,8 @@ def _argument(op: dict, layer: dict):
     and are not warps (their matrices are built from the signed level directly)."""
     import nvidia.dali.math as dmath
 
+    from .dali import _max, _min
+
     name = op["name"]
     lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
     if name == "Posterize":
@@ -231,8 +218,7 @@ def _argument(op: dict, layer: dict):
     if name in ("Color", "Contrast", "Brightness", "Sharpness"):
         return lv * 1.8 + 0.1
     if name == "Desaturate":  # level in [0.5, 1]; the blend factor is 1 - level
-        return 1.0 - min(max(lv * 0.5 + 0.5, 0.5), 1.0) if not _node(lv) else \
-            1.0 - _min(_max(lv * 0.5 + 0.5, 0.5), 1.0)
+        return 1.0 - _min(_max(lv * 0.5 + 0.5, 0.5), 1.0)
     if name == "GaussianBlur":
         return _min(_max(lv * 1.9 + 0.1, 0.1), 2.0)
     if name == "GaussianBlurRand":  # radius uniform in (0.1, 2 * level)
@@ -248,7 +234,9 @@ def _signed(op: dict, layer: dict):
 
 def _dev(g, x):
     """A per-sample number where the image is (a Python number stays one)."""
-    return x.gpu() if g.device == "gpu" and _node(x) else x
+    from .dali import _is_node
+
+    return x.gpu() if g.device == "gpu" and _is_node(x) else x
 
 
 def _const(g, values, device=None):
@@ -303,8 +291,10 @@ def _warp_matrix(g, op: dict, layer: dict):
     for a rotation), where the image size is known when the graph is built."""
     import nvidia.dali.math as dmath
 
+    from .dali import _is_node
+
     name, s = op["name"], _signed(op, layer)
-    if _node(g.w) or _node(g.h):
+    if _is_node(g.w) or _is_node(g.h):
         return _warp_matrix_dynamic(g, op, s)
     w, h = float(g.w), float(g.h)
     eye = [[1, 0, 0], [0, 1, 0]]
@@ -354,6 +344,8 @@ def _apply(g, img, op: dict, layer: dict):
     import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
+    from .dali import _is_node, _max
+
     name = op["name"]
     if name in _GEOMETRIC:
         return _warp(g, img, _warp_matrix(g, op, layer), op)
@@ -369,7 +361,7 @@ def _apply(g, img, op: dict, layer: dict):
         return _to_uint8((fn.cast(img, dtype=types.FLOAT) - lo * stretch) * scale)
     v = _argument(op, layer)
     if name.startswith("Posterize"):  # keep the top `bits` bits: & (256 - 2 ** (8 - bits))
-        if not _node(v):
+        if not _is_node(v):
             return img & types.Constant(int(256 - 2 ** (8 - int(v))), dtype=types.UINT8)
         return img & _dev(g, fn.cast(dmath.pow(2.0, 8.0 - v) * -1.0 + 256.0, dtype=types.UINT8))
     if name.startswith("Solarize") and name != "SolarizeAdd":  # i < thresh ? i : 255 - i
