@@ -83,6 +83,28 @@ def test_each_op_matches_timm(photo_folder, device, name):
         assert 0.2 < negated.float().mean() < 0.8  # 48 images: a fair coin stays inside with p > 0.999
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["Rotate", "TranslateYRel", "ShearX"])
+def test_warps_on_images_of_their_own_size(photo_folder, device, name):
+    """A warp straight after decoding: the graph knows each image's size only per sample."""
+    op = aa.AugmentOp(name, prob=1.0, magnitude=7, hparams=HPARAMS)
+    tf = T.Compose([aa.RandAugment([op], num_layers=1), T.PILToTensor()])
+    loader = DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=1, device=device)
+    base = torchvision.datasets.ImageFolder(str(photo_folder))
+    worst = 0.0
+    for k, (x, _) in zip(range(8), loader):
+        img = base[k][0]
+        refs = []
+        for negate in (False, True):
+            with mock.patch.object(aa, "_randomly_negate", (lambda v: -v) if negate else (lambda v: v)):
+                refs.append(T.PILToTensor()(op(img)).double())
+        got = x[0].cpu().double()
+        assert got.shape == refs[0].shape
+        worst = max(worst, min((got - r).abs().mean().item() for r in refs))
+    print(f"\n{name} [{device}], per-sample sizes: worst image mean |diff| {worst:.3f}")
+    assert worst <= 3 * TOLERANCE[name]
+
+
 POLICIES = {
     "rand-m9-mstd0.5-inc1": lambda: aa.rand_augment_transform("rand-m9-mstd0.5-inc1", dict(HPARAMS)),
     "rand-m9-mstd0.5": lambda: aa.rand_augment_transform("rand-m9-mstd0.5", dict(HPARAMS)),
@@ -100,6 +122,13 @@ def per_image_change(aug, base):
     return (aug - base).abs().flatten(1).mean(1).numpy()
 
 
+def unaugmented(root, device, epochs):
+    """Each side's images without the augmentation, once per epoch: the change is measured against
+    them, so that identity draws measure 0 on both sides."""
+    tf = T.Compose([T.Resize((SIZE, SIZE)), T.PILToTensor()])
+    return ours(root, tf, device).repeat(epochs, 1, 1, 1), theirs(root, tf).repeat(epochs, 1, 1, 1)
+
+
 def seed(n):
     """Both sides' generators: DALI's seed comes from torch's, timm draws from Python's and NumPy's."""
     import random
@@ -115,9 +144,7 @@ def seed(n):
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_policy_distribution_matches_timm(photo_folder, device, name):
     epochs = 5
-    base_tf = T.Compose([T.Resize((SIZE, SIZE)), T.PILToTensor()])
-    our_base = ours(photo_folder, base_tf, device).repeat(epochs, 1, 1, 1)
-    their_base = theirs(photo_folder, base_tf).repeat(epochs, 1, 1, 1)
+    our_base, their_base = unaugmented(photo_folder, device, epochs)
     tf = chain(POLICIES[name]())
     assert [s.op for s in plan(tf).steps if s.op == "timm_augment"], plan(tf).explain()
     seed(0)
@@ -131,9 +158,7 @@ def test_policy_distribution_matches_timm(photo_folder, device, name):
 def test_the_distribution_test_rejects_another_magnitude(photo_folder):
     """The statistic above tells rand-m9 from rand-m3 (and so can fail)."""
     epochs = 5
-    base_tf = T.Compose([T.Resize((SIZE, SIZE)), T.PILToTensor()])
-    our_base = ours(photo_folder, base_tf, "cpu").repeat(epochs, 1, 1, 1)
-    their_base = theirs(photo_folder, base_tf).repeat(epochs, 1, 1, 1)
+    our_base, their_base = unaugmented(photo_folder, "cpu", epochs)
     seed(0)
     got = per_image_change(ours(photo_folder, chain(aa.rand_augment_transform("rand-m9-inc1", dict(HPARAMS))),
                                 "cpu", epochs), our_base)

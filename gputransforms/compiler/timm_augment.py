@@ -106,7 +106,7 @@ def describe(t) -> dict:
 # layer, outside the branches (the signed level ``+-m / 10``, when the ops share their magnitude,
 # as RandAugment's do), hands the branches as few nodes as it can (each node a branch reads is
 # split at every level of the tree above it), keeps magnitudes without noise as Python numbers, and
-# builds warp matrices as one constant combination.
+# builds a shear's or translation's matrix as one constant combination.
 
 def lower(g, step, **_) -> None:
     import nvidia.dali.fn as fn
@@ -286,57 +286,34 @@ def _warp(g, img, matrix, op):
 
 
 def _warp_matrix(g, op: dict, layer: dict):
-    """The inverse map PIL's transform gets, as ``s * A + B`` (or ``cos * A + sin * B + C`` for a
-    rotation about (w/2, h/2)) with constant 2x3 matrices, s the signed level: two operators (seven
-    for a rotation), where the image size is known when the graph is built."""
-    import nvidia.dali.math as dmath
-
-    from .dali import _is_node
-
-    name, s = op["name"], _signed(op, layer)
-    if _is_node(g.w) or _is_node(g.h):
-        return _warp_matrix_dynamic(g, op, s)
-    w, h = float(g.w), float(g.h)
-    eye = [[1, 0, 0], [0, 1, 0]]
-    unit = {"ShearX": ([[0, 0.3, 0], [0, 0, 0]]), "ShearY": ([[0, 0, 0], [0.3, 0, 0]]),
-            "TranslateX": [[0, 0, op["translate_const"]], [0, 0, 0]],
-            "TranslateY": [[0, 0, 0], [0, 0, op["translate_const"]]],
-            "TranslateXRel": [[0, 0, op["translate_pct"] * w], [0, 0, 0]],
-            "TranslateYRel": [[0, 0, 0], [0, 0, op["translate_pct"] * h]]}
-    if name in unit:
-        return s * _const(g, unit[name], "cpu") + _const(g, eye, "cpu")
-    # Rotate: PIL's Image.rotate by 30 * level degrees counter-clockwise: a = -radians(degrees),
-    # [[cos a, sin a, t0], [-sin a, cos a, t1]], (t0, t1) keeping (w/2, h/2) in place
-    rad = s * (-30.0 * math.pi / 180.0)
-    cx, cy = w / 2, h / 2
-    return (dmath.cos(rad) * _const(g, [[1, 0, -cx], [0, 1, -cy]], "cpu")
-            + dmath.sin(rad) * _const(g, [[0, 1, -cy], [-1, 0, cx]], "cpu") + _const(g, [[0, 0, cx], [0, 0, cy]], "cpu"))
-
-
-def _warp_matrix_dynamic(g, op: dict, s):
-    """The same matrices, for images whose size is only known per sample."""
+    """The inverse map PIL's transform gets (s the signed level): ``v * E + I`` for a shear or a
+    translation (E a unit matrix, v its one entry), and for a rotation about (w/2, h/2) PIL's
+    ``[[cos a, sin a, t0], [-sin a, cos a, t1]]`` stacked from its entries; w and h are numbers, or
+    nodes where the size is only known per sample."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
-    import nvidia.dali.types as types
 
-    w, h = fn.cast(g.w, dtype=types.FLOAT), fn.cast(g.h, dtype=types.FLOAT)
-    zero = s * 0.0
-    one = zero + 1.0
-    name = op["name"]
-    if name == "Rotate":
+    from .dali import _float
+
+    name, s = op["name"], _signed(op, layer)
+    w, h = _float(g.w), _float(g.h)
+    if name == "Rotate":  # PIL's Image.rotate by 30 * level degrees counter-clockwise: a = -radians(degrees)
         rad = s * (-30.0 * math.pi / 180.0)
         c, n = dmath.cos(rad), dmath.sin(rad)
         cx, cy = w * 0.5, h * 0.5
-        entries = [c, n, cx - (c * cx + n * cy), zero - n, c, cy - (c * cy - n * cx)]
+        keep = 1.0 - c  # (t0, t1) keep the centre in place
+        entries = [c, n, keep * cx - n * cy, n * -1.0, c, keep * cy + n * cx]
+        return fn.reshape(fn.stack(*entries), shape=[2, 3])
+    if name in ("TranslateXRel", "TranslateYRel"):
+        scale = (w if name == "TranslateXRel" else h) * op["translate_pct"]
     else:
-        v = {"ShearX": s * 0.3, "ShearY": s * 0.3, "TranslateX": s * op["translate_const"],
-             "TranslateY": s * op["translate_const"], "TranslateXRel": s * op["translate_pct"] * w,
-             "TranslateYRel": s * op["translate_pct"] * h}[name]
-        entries = {"ShearX": [one, v, zero, zero, one, zero], "ShearY": [one, zero, zero, v, one, zero],
-                   "TranslateX": [one, zero, v, zero, one, zero], "TranslateY": [one, zero, zero, zero, one, v],
-                   "TranslateXRel": [one, zero, v, zero, one, zero],
-                   "TranslateYRel": [one, zero, zero, zero, one, v]}[name]
-    return fn.reshape(fn.stack(*entries), shape=[2, 3])
+        scale = op["translate_const"] if name in ("TranslateX", "TranslateY") else 0.3
+    row = 0 if name in ("ShearX", "TranslateX", "TranslateXRel") else 1
+    col = 2 if name.startswith("Translate") else 1 - row  # ShearX: x += v * y; ShearY: y += v * x
+    unit = [[0.0] * 3 for _ in range(2)]
+    unit[row][col] = 1.0
+    v = s * scale
+    return v * _const(g, unit, "cpu") + _const(g, [[1, 0, 0], [0, 1, 0]], "cpu")
 
 
 def _apply(g, img, op: dict, layer: dict):
