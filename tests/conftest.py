@@ -74,3 +74,17 @@ def abs_diff_stats(ours: torch.Tensor, ref: torch.Tensor) -> dict:
     d = (ours.double().cpu() - ref.double().cpu()).abs().flatten()
     return dict(mean=d.mean().item(), p99=torch.quantile(d[torch.randperm(len(d))[:1_000_000]], 0.99).item(),
                 max=d.max().item())
+
+
+def erased_boxes(out: torch.Tensor, fill: float) -> dict:
+    """Box (top, left, h, w) of the erased pixels of each sample of a (N,C,H,W) batch of ones, or
+    nothing for a sample left unchanged."""
+    mask = (out != 1).any(1)  # (N, H, W)
+    rows, cols = mask.any(2), mask.any(1)
+    erased = rows.any(1)
+    h, w = rows.sum(1), cols.sum(1)
+    top, left = rows.float().argmax(1), cols.float().argmax(1)
+    e = erased.cpu()
+    return dict(rate=e.double().mean().item(), h=h.cpu()[e].numpy(), w=w.cpu()[e].numpy(),
+                top=top.cpu()[e].numpy(), left=left.cpu()[e].numpy(), full=(mask.sum((1, 2)) == h * w).all().item(),
+                values=out.permute(1, 0, 2, 3)[:, mask].cpu())

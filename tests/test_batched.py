@@ -113,23 +113,3 @@ def test_per_sample_fallback_warns_once_naming_the_transform(photo_folder):
         DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=8, device="cpu")
     msgs = [str(r.message) for r in rec if "per sample" in str(r.message)]
     assert len(msgs) == 1 and "AugMix" in msgs[0]
-
-
-def test_timm_random_erasing_runs_on_the_batch_as_timm_runs_it_per_sample(photos):
-    """timm's RandomErasing takes a batch itself (its GPU prefetcher calls it that way): each sample
-    is erased independently with the same draws as a per-sample call."""
-    import random
-
-    from timm.data.random_erasing import RandomErasing
-    t = RandomErasing(probability=0.7, mode="pixel", device="cpu")
-    x = photos.float() / 255
-    fn = batched.lower(t)
-    assert fn is not None
-    random.seed(3)
-    torch.manual_seed(3)
-    got = fn(x.clone())
-    random.seed(3)
-    torch.manual_seed(3)
-    ref = torch.stack([t(img.clone()) for img in x])
-    assert not torch.equal(got, x)
-    torch.testing.assert_close(got, ref)

@@ -17,7 +17,7 @@ from scipy.stats import ks_2samp
 from gputransforms import DataLoader, datasets
 from gputransforms import transforms as T
 
-from conftest import DEVICES
+from conftest import DEVICES, erased_boxes
 
 N = 400
 W, H = 500, 375
@@ -176,20 +176,6 @@ def test_seeded_runs_repeat(photo_folder, device):
     for (xa, ya), (xb, yb) in zip(a, b):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
     assert not torch.equal(a[0][1], a[3][1]), "a new shuffle every epoch"
-
-
-def erased_boxes(out: torch.Tensor, fill: float) -> dict:
-    """Box (top, left, h, w) of the erased pixels of each sample of a (N,C,H,W) batch of ones, or
-    nothing for a sample left unchanged."""
-    mask = (out != 1).any(1)  # (N, H, W)
-    rows, cols = mask.any(2), mask.any(1)
-    erased = rows.any(1)
-    h, w = rows.sum(1), cols.sum(1)
-    top, left = rows.float().argmax(1), cols.float().argmax(1)
-    e = erased.cpu()
-    return dict(rate=e.double().mean().item(), h=h.cpu()[e].numpy(), w=w.cpu()[e].numpy(),
-                top=top.cpu()[e].numpy(), left=left.cpu()[e].numpy(), full=(mask.sum((1, 2)) == h * w).all().item(),
-                values=out.permute(1, 0, 2, 3)[:, mask].cpu())
 
 
 @pytest.mark.parametrize("device", DEVICES)

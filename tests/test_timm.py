@@ -8,7 +8,7 @@ from scipy.stats import ks_2samp
 
 from gputransforms import DataLoader, datasets, plan
 
-from conftest import DEVICES
+from conftest import DEVICES, erased_boxes
 
 import timm.data as timm_data  # a test extra: missing, the tests fail rather than skip
 STD = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
@@ -63,6 +63,71 @@ def test_timm_random_erasing_chain_runs_batched(photo_folder, device):
     x, _ = next(iter(DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=32, device=device)))
     erased = (x == 0).all(1).flatten(1).any(1).float().mean().item()  # timm's const mode writes zeros
     assert x.shape == (32, 3, 96, 96) and 0.1 < erased < 0.9
+
+
+def _timm_erasing_stats(out: torch.Tensor) -> dict:
+    """Of a batch of ones after erasing: the erased share of each sample's pixels, and the box of
+    each sample with one box (its erased pixels form one rectangle)."""
+    s = erased_boxes(out, 0)
+    mask = (out != 1).any(1)
+    s["share"] = mask.flatten(1).double().mean(1).cpu().numpy()
+    return s
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [dict(probability=0.6), dict(probability=0.4, mode="rand", min_aspect=0.5),
+                                dict(probability=0.5, mode="pixel", max_count=3, max_area=0.25)],
+                         ids=["const", "rand", "pixel-3-boxes"])
+def test_timm_random_erasing_batched_distribution(device, kw):
+    """timm's RandomErasing in the batched stage draws for the whole batch at once: the same rate,
+    box sizes, offsets, erased shares and fill values as timm's own per-sample calls (KS on each,
+    4-sigma on the rate); a narrower area range fails the same comparison."""
+    import random
+
+    from timm.data.random_erasing import RandomErasing
+
+    from gputransforms.compiler import batched
+
+    t = RandomErasing(device="cpu", **kw)
+    n, c, h, w = 3000, 3, 40, 56
+    x = torch.ones(n, c, h, w, device="cuda" if device == "gpu" else "cpu")
+    torch.manual_seed(0)
+    got = _timm_erasing_stats(batched.lower(t)(x.clone()))
+    random.seed(1)
+    torch.manual_seed(1)
+    ref = _timm_erasing_stats(torch.stack([t(img) for img in x.cpu().clone()]))
+    p = kw["probability"]
+    sigma = (p * (1 - p) / n) ** 0.5
+    assert abs(got["rate"] - ref["rate"]) < 4 * 2 ** 0.5 * sigma, (got["rate"], ref["rate"])
+    assert ks_2samp(got["share"][got["share"] > 0], ref["share"][ref["share"] > 0]).pvalue > 1e-3
+    if kw.get("max_count", 1) == 1:
+        assert got["full"] and ref["full"], "one box: one rectangle"
+        for key in ("h", "w", "top", "left"):
+            assert ks_2samp(got[key], ref[key]).pvalue > 1e-3, key
+    v = got["values"]
+    if kw.get("mode") is None:
+        assert torch.equal(v.unique(), torch.zeros(1)), "const: zeros"
+    else:
+        v = v.flatten().double()
+        assert abs(v.mean()) < 0.05 and abs(v.std() - 1) < 0.05, "standard normal fill"
+        if kw["mode"] == "rand":  # one colour per box and channel
+            assert len(v.unique()) <= 3 * (got["rate"] * n) + 1 < len(ref["values"].flatten()) / 10
+    narrow = RandomErasing(device="cpu", **{**kw, "max_area": 0.15})
+    wrong = _timm_erasing_stats(batched.lower(narrow)(x.clone()))
+    assert ks_2samp(wrong["share"][wrong["share"] > 0], ref["share"][ref["share"] > 0]).pvalue < 1e-6
+
+
+def test_timm_random_erasing_batched_erases_each_sample_as_a_per_sample_call():
+    """In create_transform's chain timm's RandomErasing is called per sample, so its ``num_splits``
+    (which, on a batch, spares the first samples) never applies: nor does it in the batched stage."""
+    from timm.data.random_erasing import RandomErasing
+
+    from gputransforms.compiler import batched
+
+    t = RandomErasing(probability=1.0, num_splits=2, device="cpu")
+    x = torch.ones(64, 3, 32, 32)
+    assert (t(x.clone()) != 1).flatten(1).any(1).tolist() == [False] * 32 + [True] * 32  # timm on a batch
+    assert (batched.lower(t)(x.clone()) != 1).flatten(1).any(1).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -17,7 +17,7 @@ at once:
 - RandomRotation / RandomAffine / RandomPerspective: torchvision's inverse matrices / perspective
   coefficients per sample, one sampling grid per sample built the way torchvision builds its one
   grid, then a single grid_sample through torchvision's own ``_apply_grid_transform`` (fill too);
-- RandomErasing (torchvision's, and timm's which takes batches itself): one mask for the batch;
+- RandomErasing (torchvision's and timm's): parameters drawn for the whole batch, one mask;
 - RandomApply / RandomChoice / RandomOrder: the coin / choice / order per sample, then the member
   transforms (batched themselves) on the rows that drew them.
 
@@ -25,7 +25,7 @@ Given the same global RNG state, the result equals torchvision applied to each s
 up to float rounding (tests/test_batched.py), except inside the three containers, where the
 members draw their parameters after all the coins, and RandomErasing, whose parameters are drawn
 for the whole batch with torch ops (same distribution, another order of draws; tested by
-distribution in tests/test_random.py).
+distribution in tests/test_random.py and, timm's, tests/test_timm.py).
 
 ``lower(t)`` returns the batched function or None; None sends ``t`` to the per-sample stage.
 """
@@ -411,7 +411,49 @@ def _random_erasing(t) -> Batched:
 
 
 def _timm_random_erasing(t) -> Batched:
-    return t  # timm's RandomErasing takes (N,C,H,W) itself, erasing each sample independently
+    """timm's RandomErasing, each sample erased as timm's per-sample call (``create_transform``'s
+    chain) erases it: a coin (``random.random() > probability`` skips), a count of boxes in
+    [min_count, max_count], per box up to 10 (area / count, log-aspect) attempts, the first that fits
+    (``w < W and h < H``), a uniform top-left; the box filled with zeros ('const'), one normal colour
+    per channel ('rand') or normal pixels ('pixel'), later boxes over earlier ones. All draws for the
+    whole batch at once with torch ops (same distribution, another order of draws; tests/test_timm.py),
+    then one copy to the device and one masked write per box. timm's own loop, run on a batch, erases
+    sample after sample from Python and, with its ``device='cpu'``, waits for the GPU at every
+    erased sample (a copy from pageable memory); on a batch it also skips the first
+    ``batch // num_splits`` samples, which per-sample calls never do."""
+    lo, hi = t.log_aspect_ratio
+    m = t.max_count
+
+    def run(x):
+        n, c, height, width = x.shape
+        count = torch.randint(t.min_count, m + 1, (n,))
+        area = torch.empty(n, m, 10).uniform_(t.min_area, t.max_area) * (height * width) / count[:, None, None]
+        aspect = torch.exp(torch.empty(n, m, 10).uniform_(lo, hi))
+        hs = torch.round(torch.sqrt(area * aspect))
+        ws = torch.round(torch.sqrt(area / aspect))
+        fits = (ws < width) & (hs < height)
+        first = fits.long().argmax(2, keepdim=True)
+        h, w = hs.gather(2, first)[..., 0], ws.gather(2, first)[..., 0]
+        ok = fits.any(2) & (torch.arange(m) < count[:, None]) & ~(torch.rand(n) > t.probability)[:, None]
+        if not bool(ok.any()):
+            return x
+        top = torch.floor(torch.rand(n, m) * (height - h + 1).clamp(min=1))
+        left = torch.floor(torch.rand(n, m) * (width - w + 1).clamp(min=1))
+        box = _dev(torch.stack([top, top + h, left, left + w, ok.float()], 0), x.device)  # (5, n, m)
+        ys = torch.arange(height, device=x.device, dtype=box.dtype)[None, :, None]
+        xs = torch.arange(width, device=x.device, dtype=box.dtype)[None, None, :]
+        masks = [((ys >= box[0, :, k, None, None]) & (ys < box[1, :, k, None, None]) & (xs >= box[2, :, k, None, None])
+                  & (xs < box[3, :, k, None, None]) & (box[4, :, k, None, None] > 0))[:, None] for k in range(m)]
+        if t.rand_color:  # a colour per box: a later box paints over an earlier one
+            colours = _dev(torch.empty(m, n, c, 1, 1).normal_(), x.device).to(x.dtype)
+            for k in range(m):
+                x = torch.where(masks[k], colours[k], x)
+            return x
+        mask = functools.reduce(torch.logical_or, masks)
+        if t.per_pixel:
+            return torch.where(mask, torch.randn(x.shape, device=x.device, dtype=x.dtype), x)
+        return x.masked_fill(mask, 0)
+    return run
 
 
 # --- containers -----------------------------------------------------------------------------------
