@@ -14,7 +14,7 @@ import torch
 import torch.utils.data as tud
 
 from . import state
-from .compiler import vectorized
+from .compiler import graphed, vectorized
 from .datasets.inmemory import ArraySamples
 from .device import torch_device
 
@@ -27,6 +27,7 @@ class DeviceArrays:
         self.dev = torch_device(device)
         self._images: Optional[torch.Tensor] = None
         self._targets: Optional[torch.Tensor] = None
+        self._graphed: Optional[tuple] = None  # (compiled stages, graphed.GraphedChain or None)
 
     def images(self) -> torch.Tensor:
         if self._images is None:
@@ -43,8 +44,24 @@ class DeviceArrays:
         return self._targets
 
 
+    def graphed(self, compiled: list) -> Optional[graphed.GraphedChain]:
+        """The chain as a CUDA graph (compiler/graphed.py), or None where it runs op by op."""
+        if self._graphed is None or self._graphed[0] is not compiled:
+            s = self.samples
+            ok = self.dev.type == "cuda" and s.transform is not None and s.extra is None
+            self._graphed = (compiled, graphed.build(self.images(), self.targets(), compiled) if ok else None)
+        return self._graphed[1]
+
+    def op_by_op(self) -> None:
+        """The graph could not be captured: run the chain op by op from now on."""
+        self._graphed = (self._graphed[0], None)
+
+
 def explain(compiled: list, device: str) -> str:
     lines = [f"in memory: the images on the {device} once, each batch gathered there by index"]
+    if torch_device(device).type == "cuda" and graphed.capturable(compiled):
+        lines[0] += ("; gather, transforms and targets (plain ints) replayed as one CUDA graph per batch size "
+                     "(compiler/graphed.py)")
     for t, fn, stage in compiled:
         label = {"vectorized": "vectorized ", "batched": "batched    ", "per sample": "per sample ",
                  "conversion": "conversion "}[stage]
@@ -87,6 +104,13 @@ class ArrayIterator:
             raise StopIteration
         a, s = self.arrays, self.arrays.samples
         rows = self.rows[torch.as_tensor(indices, dtype=torch.int64)]
+        chain = a.graphed(self.compiled) if self.loader._user_collate is None else None
+        if chain is not None:
+            out = chain(rows) if chain.graphs else graphed.first_batch(chain, rows)
+            if out is not None:
+                self.yielded += 1
+                return out
+            a.op_by_op()
         rows_dev = vectorized._dev(rows, a.dev)
         x = a.images().index_select(0, rows_dev)
         if s.transform is not None:

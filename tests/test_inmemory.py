@@ -106,6 +106,75 @@ def test_standard_cifar_chain_by_distribution(device, api):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_random_crop_pad_if_needed(device):
+    """pad_if_needed pads by the shortfall on both sides, as torchvision does: a 40x40 crop of a
+    32x32 image is one window of the image padded by 8 on each side, at offsets 0..8."""
+    tf = T.Compose([T.RandomCrop(40, pad_if_needed=True), T.PILToTensor()])
+    ds = fake(torchvision.datasets.CIFAR10, n=100, transform=tf)
+    ref = torch.nn.functional.pad(torch.from_numpy(ds.data).permute(0, 3, 1, 2), (8, 8, 8, 8))  # (N, 3, 48, 48)
+    offsets = []
+    for _ in range(3):
+        out = torch.cat([x.cpu() for x, _ in DataLoader(ds, batch_size=50, device=device)])
+        for img, r in zip(out, ref):
+            err = (r.unfold(1, 40, 1).unfold(2, 40, 1).float() - img.float()[:, None, None]).abs().sum((0, 3, 4))
+            assert err.min() == 0
+            offsets.append(int(err.argmin()))
+    assert stats.chisquare(np.bincount(offsets, minlength=81)).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_which_chains_are_captured_as_a_cuda_graph(api):
+    """The standard chains qualify for the CUDA graph (gather, crop, flip, conversion, Normalize);
+    a chain with a transform whose parameters are drawn per sample in Python does not."""
+    from torchvision.transforms import v2
+
+    from gputransforms.compiler import graphed, vectorized
+
+    if api == "v1":
+        std = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)]
+    else:
+        std = [v2.PILToTensor(), v2.RandomCrop(32, padding=4, padding_mode="reflect"), v2.RandomHorizontalFlip(),
+               v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR_MEAN, CIFAR_STD)]
+    assert graphed.capturable(vectorized.stages(T.Compose(std)))
+    assert not graphed.capturable(vectorized.stages(T.Compose(std + [T.RandomErasing()])))
+    assert not graphed.capturable(vectorized.stages(T.Compose([T.ColorJitter(0.4)] + std)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_cuda_graph_gives_the_op_by_op_images(monkeypatch, api):
+    """Replayed as a CUDA graph, the standard chain gives exactly the images and targets of the
+    op-by-op path from the same seeds (the same parameter draws), the short last batch included."""
+    from torchvision.transforms import v2
+
+    from gputransforms.compiler import graphed
+
+    if api == "v1":
+        tf = T.Compose([T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), T.ToTensor(),
+                        T.Normalize(CIFAR_MEAN, CIFAR_STD)])
+    else:
+        tf = v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4), v2.RandomVerticalFlip(),
+                         v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR_MEAN, CIFAR_STD)])
+    ds = fake(torchvision.datasets.CIFAR10, n=200, transform=tf)
+
+    def run():
+        torch.manual_seed(11)
+        loader = DataLoader(ds, batch_size=64, shuffle=True, device="gpu", generator=torch.Generator().manual_seed(2))
+        out = [(x.cpu(), y.cpu()) for _ in range(2) for x, y in loader]
+        return loader, out
+
+    loader, got = run()
+    assert "one CUDA graph" in loader.explain() and loader._arrays._graphed[1] is not None
+    assert sorted(loader._arrays._graphed[1].graphs) == [8, 64]
+    monkeypatch.setattr(graphed, "build", lambda *a: None)
+    loader, ref = run()
+    assert loader._arrays._graphed[1] is None
+    assert [len(x) for x, _ in got] == [64, 64, 64, 8] * 2
+    for (x, y), (rx, ry) in zip(got, ref):
+        assert torch.equal(y, ry) and torch.equal(x, rx)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_recipe_variants_run_on_the_batch(device):
     """TrivialAugment / AutoAugment (cifar10 policy) run per sample on the device with torchvision's
     own tensor kernels; RandomErasing in the batched stage; the result is in range and labelled."""
