@@ -1,6 +1,7 @@
 """In-memory datasets on the device: the dataset's images go to the device once (per loader), and
 each batch is gathered there by index and augmented as a whole (``compiler.vectorized``). No DALI
-graph and no file: what bounds a CIFAR-sized pass is the index sampler and the kernel launches.
+graph and no file: what bounds a CIFAR-sized pass is the host's cost of launching the small kernels,
+so a chain that qualifies is replayed as one CUDA graph (``compiler.graphed``).
 
 The iterator keeps torch's order of random draws at the start of an epoch (the sampler's order,
 then the base seed), so the same ``generator`` gives torch's batches of indices, and it records
@@ -42,7 +43,6 @@ class DeviceArrays:
                 all(type(t) is int for t in s.targets):
             self._targets = torch.as_tensor(s.targets, dtype=torch.int64).to(self.dev)
         return self._targets
-
 
     def graphed(self, compiled: list) -> Optional[graphed.GraphedChain]:
         """The chain as a CUDA graph (compiler/graphed.py), or None where it runs op by op."""

@@ -45,6 +45,39 @@ EXACT = {
 UINT8_ONLY = {"RandomPosterize", "RandomEqualize", "RandomSolarize"}  # uint8 kernels; threshold in uint8 units
 
 
+def jitter_on_torchvisions_draws(t):
+    """The batched ColorJitter kernel fed torchvision's own per-sample draws, in forward's order."""
+    def run(x):
+        if isinstance(t, v2.Transform):
+            params = [tuple(p[k] for k in ("fn_idx", "brightness_factor", "contrast_factor", "saturation_factor",
+                                           "hue_factor")) for p in (t.make_params([img]) for img in x)]
+        else:
+            params = [t.get_params(t.brightness, t.contrast, t.saturation, t.hue) for _ in range(len(x))]
+        return batched.color_jitter(x, *batched.jitter_arrays(params), v2=isinstance(t, v2.Transform))
+    return run
+
+
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_color_jitter_draws_for_the_batch(api):
+    """ColorJitter's batch draws: each of the 24 orders equally likely (chi-square), each factor
+    uniform over its range (KS), none for an adjustment whose range is None."""
+    import numpy as np
+    from scipy import stats
+
+    t = (T if api == "v1" else v2).ColorJitter(brightness=0.4, saturation=(0.2, 1.5), hue=0.1)
+    torch.manual_seed(0)
+    orders, factors = batched.jitter_draws(t, 24000)
+    assert (np.sort(orders, 1) == np.arange(4)).all()
+    codes = orders @ np.array([64, 16, 4, 1])
+    counts = np.unique(codes, return_counts=True)[1]
+    assert len(counts) == 24 and stats.chisquare(counts).pvalue > 1e-3
+    assert np.isnan(factors[:, 1]).all()
+    for k, (lo, hi) in {0: (0.6, 1.4), 2: (0.2, 1.5), 3: (-0.1, 0.1)}.items():
+        assert stats.kstest(factors[:, k], stats.uniform(lo, hi - lo).cdf).pvalue > 1e-3
+    wrong = stats.kstest(factors[:, 0], stats.uniform(0.5, 1.0).cdf).pvalue  # a wrong range fails
+    assert wrong < 1e-6
+
+
 @pytest.fixture(scope="module")
 def photos(photo_folder):
     ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((72, 88)),
@@ -63,6 +96,8 @@ def test_batched_equals_torchvision_per_sample(photos, name, api, dtype, device)
     x = x if dtype == torch.uint8 else x.float() / 255
     fn = batched.lower(t)
     assert fn is not None, f"{name} should have a batched lowering"
+    if name == "ColorJitter":  # drawn for the batch (tested by distribution): its kernel on torchvision's draws
+        fn = jitter_on_torchvisions_draws(t)
     torch.manual_seed(11)
     got = fn(x)
     torch.manual_seed(11)

@@ -1,10 +1,12 @@
 """The batched stage: transforms with no DALI operator, run after the graph on the whole batch where
 it is (the GPU), with torchvision's meaning.
 
-Every entry draws its parameters per sample with torchvision's own code -- the transform's
+Most entries draw their parameters per sample with torchvision's own code -- the transform's
 ``get_params`` (v1) or ``make_params`` (v2), preceded by the same coin flip, called sample after
-sample exactly as N calls of ``forward`` would call them -- and then applies all N parameter sets
-at once:
+sample exactly as N calls of ``forward`` would call them -- and then apply all N parameter sets
+at once. ColorJitter's parameters, RandomApply's coins and RandomErasing's boxes are drawn for the
+whole batch at once instead (the same distributions; per sample in Python they cost more than the
+kernels). Then:
 
 - random-p ops (invert, posterize, solarize, sharpness, autocontrast, equalize, grayscale, flips):
   torchvision's functional kernel, which takes a batch, on the rows whose coin came up;
@@ -23,9 +25,10 @@ at once:
 
 Given the same global RNG state, the result equals torchvision applied to each sample in turn,
 up to float rounding (tests/test_batched.py), except inside the three containers, where the
-members draw their parameters after all the coins, and RandomErasing, whose parameters are drawn
-for the whole batch with torch ops (same distribution, another order of draws; tested by
-distribution in tests/test_random.py and, timm's, tests/test_timm.py).
+members draw their parameters after all the coins, and for the transforms whose parameters are
+drawn for the whole batch: ColorJitter (its kernel is still compared exactly, on torchvision's
+own draws), RandomApply and RandomErasing (same distributions, another order of draws; tested by
+distribution in tests/test_recipes.py, tests/test_random.py and, timm's, tests/test_timm.py).
 
 ``lower(t)`` returns the batched function or None; None sends ``t`` to the per-sample stage.
 """
@@ -110,22 +113,42 @@ def _deterministic(t) -> Batched:
 
 
 def _color_jitter(t) -> Batched:
-    if _is_v2(t):
-        def params(x, i):
-            p = _compat.make_params(t, x[i])
-            return (p["fn_idx"], p["brightness_factor"], p["contrast_factor"], p["saturation_factor"],
-                    p["hue_factor"])
-    else:
-        def params(x, i):
-            return t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
-    return lambda x: color_jitter(x, [params(x, i) for i in range(x.shape[0])], v2=_is_v2(t))
+    """ColorJitter's parameters drawn for the whole batch at once: a uniformly random order of the
+    four adjustments per sample (torchvision: ``randperm(4)``; here the argsort of four uniforms) and
+    each factor uniform in its range, or none where the range is None. The same distribution as
+    ``get_params``/``make_params`` (tests/test_recipes.py), not its numbers from a seed: called 256
+    times in Python those draws were half of the batched ColorJitter's 12.7 ms per batch on the H100
+    (``benchmarks.batched_stage``), and the loader's main thread pays more for them while the reader
+    threads hold the GIL."""
+    return lambda x: color_jitter(x, *jitter_draws(t, x.shape[0]), v2=_is_v2(t))
 
 
-def color_jitter(x: torch.Tensor, params: list, v2: bool = False) -> torch.Tensor:
-    """ColorJitter on a (N,3,H,W) batch, one (fn_idx, brightness, contrast, saturation, hue)
-    per sample (torchvision's get_params tuple): each of the four steps is applied to the rows
-    whose random order puts that adjustment there, with torchvision's tensor arithmetic (blend,
-    truncated grayscale, HSV; v1's or v2's HSV round trip)."""
+def jitter_draws(t, n: int) -> tuple:
+    """(orders, factors) of ``color_jitter`` for n samples, from torch's global RNG."""
+    orders = np.argsort(torch.rand(n, 4).numpy(), axis=1)
+    factors = np.full((n, 4), np.nan)
+    for k, r in enumerate((t.brightness, t.contrast, t.saturation, t.hue)):
+        if r is not None:
+            factors[:, k] = torch.empty(n).uniform_(float(r[0]), float(r[1])).numpy()
+    return orders, factors
+
+
+def jitter_arrays(params: list) -> tuple:
+    """torchvision's per-sample ``get_params`` tuples (fn_idx, brightness, contrast, saturation, hue)
+    as ``color_jitter``'s (orders, factors) arrays."""
+    orders = np.asarray([[int(k) for k in p[0]] for p in params], dtype=np.int64).reshape(-1, 4)
+    factors = np.asarray([[np.nan if f is None else float(f) for f in p[1:]] for p in params],
+                         dtype=np.float64).reshape(-1, 4)
+    return orders, factors
+
+
+def color_jitter(x: torch.Tensor, orders: np.ndarray, factors: np.ndarray, v2: bool = False) -> torch.Tensor:
+    """ColorJitter on a (N,3,H,W) batch: ``orders[i, step]`` is the adjustment (0 brightness, 1
+    contrast, 2 saturation, 3 hue) sample i gets at that step (torchvision's fn_idx), ``factors[i, a]``
+    its factor (NaN: none). Each of the four steps is applied to the rows whose order puts that
+    adjustment there, with torchvision's tensor arithmetic (blend, truncated grayscale, HSV; v1's or
+    v2's HSV round trip). The rows and factors of all sixteen (step, adjustment) groups go to the
+    device in one copy each."""
     gray, rgb_to_hsv, convert, max_value = _compat.tensor_color_kernels(v2)
     x = x.clone()
     bound = max_value(x.dtype)
@@ -135,26 +158,34 @@ def color_jitter(x: torch.Tensor, params: list, v2: bool = False) -> torch.Tenso
             return a.mul(ratio).addcmul_(b, 1.0 - ratio).clamp_(0, bound).to(a.dtype)
         return (ratio * a + (1.0 - ratio) * b).clamp(0, bound).to(a.dtype)
 
-    orders = [[int(k) for k in p[0]] for p in params]
+    groups, rows = [], []
     for step in range(4):
         for adj in range(4):
-            rows = [i for i, p in enumerate(params) if orders[i][step] == adj and p[1 + adj] is not None]
-            if not rows:
-                continue
-            idx = _dev(rows, x.device)
-            f = _dev([params[i][1 + adj] for i in rows], x.device, torch.float32)[:, None, None, None]
-            img = x[idx]
-            if adj == 0:
-                img = blend(img, torch.zeros_like(img), f)
-            elif adj == 1:
-                mean = gray(img).to(torch.float32).mean(dim=(-3, -2, -1), keepdim=True)
-                img = blend(img, mean, f)
-            elif adj == 2:
-                img = blend(img, gray(img), f)
-            else:
-                h, sat, val = rgb_to_hsv(convert(img, torch.float32)).unbind(dim=-3)
-                img = convert(hsv_to_rgb(torch.stack(((h + f[:, 0]) % 1.0, sat, val), dim=-3), v2), x.dtype)
-            x[idx] = img
+            r = np.nonzero((orders[:, step] == adj) & ~np.isnan(factors[:, adj]))[0]
+            if len(r):
+                groups.append((adj, sum(len(g) for g in rows), len(r)))
+                rows.append(r)
+    if not groups:
+        return x
+    all_rows = np.concatenate(rows)
+    idx_all = _dev(all_rows, x.device, torch.int64)
+    f_all = _dev(factors[all_rows, np.concatenate([[adj] * count for adj, _, count in groups])], x.device,
+                 torch.float32)
+    for adj, start, count in groups:
+        idx = idx_all[start:start + count]
+        f = f_all[start:start + count, None, None, None]
+        img = x[idx]
+        if adj == 0:
+            img = blend(img, torch.zeros_like(img), f)
+        elif adj == 1:
+            mean = gray(img).to(torch.float32).mean(dim=(-3, -2, -1), keepdim=True)
+            img = blend(img, mean, f)
+        elif adj == 2:
+            img = blend(img, gray(img), f)
+        else:
+            h, sat, val = rgb_to_hsv(convert(img, torch.float32)).unbind(dim=-3)
+            img = convert(hsv_to_rgb(torch.stack(((h + f[:, 0]) % 1.0, sat, val), dim=-3), v2), x.dtype)
+        x[idx] = img
     return x
 
 
@@ -491,9 +522,9 @@ def _random_apply(t) -> Optional[Batched]:
     inner = sequence(t.transforms)
     if inner is None:
         return None
-    # v1: ``if self.p < torch.rand(1): return img``; v2: ``if torch.rand(1) >= self.p: return``
-    coin = _coin_v2 if _is_v2(t) else (lambda p: not bool(p < torch.rand(1)))
-    return lambda x: _on_rows(x, [i for i in range(x.shape[0]) if coin(t.p)], inner)
+    # v1: ``if self.p < torch.rand(1): return img``; v2: ``if torch.rand(1) >= self.p: return``: each
+    # applies with probability p; the coins of the batch are drawn at once (compared by distribution)
+    return lambda x: _on_rows(x, (torch.rand(x.shape[0]) < t.p).nonzero().flatten().tolist(), inner)
 
 
 def _grouped(x: torch.Tensor, keys: list, run_for_key) -> torch.Tensor:
