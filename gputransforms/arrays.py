@@ -17,7 +17,7 @@ import torch.utils.data as tud
 from . import state
 from .compiler import graphed, vectorized
 from .datasets.inmemory import ArraySamples
-from .device import torch_device
+from .device import to_device, torch_device
 
 
 class DeviceArrays:
@@ -122,9 +122,7 @@ class ArrayIterator:
                 items = [(img, *(t[r] for t in s.extra)) for img, r in zip(x.unbind(0), rows.tolist())]
             else:
                 items = list(zip(x.unbind(0), [s.target(int(i)) for i in indices]))
-            from .loader import _to_device
-
-            return _to_device(collate(items), a.dev)
+            return to_device(collate(items), a.dev)
         if s.extra is not None:  # a TensorDataset: its tensors, as default_collate stacks them
             return [x] + [t[rows].to(a.dev, non_blocking=True) if a.dev.type == "cuda" else t[rows] for t in s.extra]
         targets = a.targets()

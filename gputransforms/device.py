@@ -1,7 +1,8 @@
-"""Which device a chain runs on: the ground floor that datasets, the compiler and the loader import
-(nothing here imports them)."""
+"""Which device a chain runs on, and how a batch gets there: the ground floor that datasets, the
+compiler and the loader import (nothing here imports them)."""
 from __future__ import annotations
 
+import copy
 import os
 from typing import Optional
 
@@ -56,3 +57,23 @@ def rank_tag() -> str:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return f"rank {dist.get_rank()} of {dist.get_world_size()}"
     return ""
+
+
+def to_device(batch, dev: torch.device):
+    """Tensors in ``batch`` on ``dev``. A CPU tensor goes to the GPU through pinned memory: from
+    pageable memory cudaMemcpyAsync first waits for everything queued on the stream (the user's
+    training step included), which would make every hand-off a host synchronisation."""
+    if isinstance(batch, torch.Tensor):
+        if batch.device == dev:
+            return batch
+        if dev.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+            batch = batch.pin_memory()
+        return batch.to(dev, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, dev) for b in batch)
+    if isinstance(batch, dict):
+        out = copy.copy(batch)  # keeps the mapping's type (defaultdict, OrderedDict, a user's)
+        for k, v in batch.items():
+            out[k] = to_device(v, dev)
+        return out
+    return batch

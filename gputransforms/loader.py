@@ -11,7 +11,6 @@ queued when its files are fed and popped when its images come out, in order.
 """
 from __future__ import annotations
 
-import copy
 import itertools
 import warnings
 import weakref
@@ -26,7 +25,7 @@ from .compiler import tail
 from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
 from .datasets.adapters import FileSamples, NotCompilable, resolve
 from .device import (dali_available, default_device, default_threads, rank_tag, resolve as resolve_device,
-                     torch_device)
+                     to_device, torch_device)
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed
 
 __all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning", "dali_available",
@@ -339,7 +338,7 @@ class DataLoader(tud.DataLoader):
             labels = torch.as_tensor([s.targets[i] for i in indices], dtype=torch.int64)
         else:
             labels = tud.default_collate([s.target(i) for i in indices])
-        return _to_device(labels, dev)
+        return to_device(labels, dev)
 
     def close(self):
         """Release the DALI pipelines and the reader threads now (also done when the loader is
@@ -409,7 +408,7 @@ class _TorchIterator:
             self.done = True
             raise
         self.yielded += 1
-        return _to_device(batch, self.dev) if self.dev.type == "cuda" else batch
+        return to_device(batch, self.dev) if self.dev.type == "cuda" else batch
 
 
 class _CompiledIterator:
@@ -515,7 +514,7 @@ class _CompiledIterator:
         batch = loader._files.items(images.unbind(0) if isinstance(images, torch.Tensor) else images, indices)
         first, self.first = self.first, False
         try:
-            return _to_device(loader._user_collate(batch), self.dev)
+            return to_device(loader._user_collate(batch), self.dev)
         except Exception as e:  # noqa: BLE001 - any failure on the first batch gets the explanation
             if not first:
                 raise
@@ -574,26 +573,6 @@ class _CompiledIterator:
                 self._release(dirty=True)
             except Exception:  # noqa: BLE001 - at interpreter exit the loader may be half gone
                 pass
-
-
-def _to_device(batch, dev: torch.device):
-    """Tensors in ``batch`` on ``dev``. A CPU tensor goes to the GPU through pinned memory: from
-    pageable memory cudaMemcpyAsync first waits for everything queued on the stream (the user's
-    training step included), which would make every hand-off a host synchronisation."""
-    if isinstance(batch, torch.Tensor):
-        if batch.device == dev:
-            return batch
-        if dev.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
-            batch = batch.pin_memory()
-        return batch.to(dev, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, dev) for b in batch)
-    if isinstance(batch, dict):
-        out = copy.copy(batch)  # keeps the mapping's type (defaultdict, OrderedDict, a user's)
-        for k, v in batch.items():
-            out[k] = _to_device(v, dev)
-        return out
-    return batch
 
 
 def _tagged_with_rank(err: Exception) -> Exception:
