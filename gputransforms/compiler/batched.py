@@ -411,8 +411,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _erase_sizes(area: np.ndarray, log_aspect: torch.Tensor) -> tuple:
     """Erased boxes' (h, w) as torchvision's and timm's Python math gives them, ``round(sqrt(area *
     aspect))`` and ``round(sqrt(area / aspect))`` in float64, half to even, for all attempts at once.
-    In numpy: torch's CPU kernels for sqrt, exp and round took 4-8 ms each on these few thousand
-    numbers (measured in the loader on the H100 host, and here), more than the erasing itself."""
+    In numpy: torch's CPU sqrt, exp and round (MKL VML kernels, split across torch's intra-op
+    threads above 2,048 elements) took 4.5-8 ms each on these few thousand numbers in the loader's
+    process on the H100 host and on the 2-core CPU machine, more than the erasing itself."""
     aspect = np.exp(_np(log_aspect))
     return np.round(np.sqrt(area * aspect)).astype(np.int64), np.round(np.sqrt(area / aspect)).astype(np.int64)
 
