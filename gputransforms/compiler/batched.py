@@ -412,8 +412,8 @@ def _erase_sizes(area: np.ndarray, log_aspect: torch.Tensor) -> tuple:
     """Erased boxes' (h, w) as torchvision's and timm's Python math gives them, ``round(sqrt(area *
     aspect))`` and ``round(sqrt(area / aspect))`` in float64, half to even, for all attempts at once.
     In numpy: torch's CPU sqrt, exp and round (MKL VML kernels, split across torch's intra-op
-    threads above 2,048 elements) took 4.5-8 ms each on these few thousand numbers in the loader's
-    process on the H100 host and on the 2-core CPU machine, more than the erasing itself."""
+    threads above 2,048 elements) took 4.5-6.8 ms each on these few thousand numbers in the loader's
+    process on the H100 host, where DALI's threads keep the cores busy: more than the erasing itself."""
     aspect = np.exp(_np(log_aspect))
     return np.round(np.sqrt(area * aspect)).astype(np.int64), np.round(np.sqrt(area / aspect)).astype(np.int64)
 
