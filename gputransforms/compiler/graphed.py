@@ -27,9 +27,9 @@ _DTYPE = (tv1.ConvertImageDtype, tv2.ConvertImageDtype, tv2.ToDtype)
 
 
 def _normalize(t, device: torch.device):
-    """torchvision's Normalize (sub, then div, per channel), without its host-side checks (a
-    ``std == 0`` test that waits for the device cannot be captured): they ran when the chain was
-    first applied op by op, or raise here at build time."""
+    """torchvision's Normalize (sub, then div, per channel), without its host-side check (a
+    ``std == 0`` test that waits for the device cannot be captured): a std with a zero (None here)
+    leaves the chain op by op, where torchvision's Normalize raises for it."""
     mean = torch.as_tensor(t.mean, dtype=torch.float32)
     std = torch.as_tensor(t.std, dtype=torch.float32)
     if bool((std == 0).any()):
