@@ -124,7 +124,7 @@ class ArrayIterator:
                 items = list(zip(x.unbind(0), [s.target(int(i)) for i in indices]))
             return to_device(collate(items), a.dev)
         if s.extra is not None:  # a TensorDataset: its tensors, as default_collate stacks them
-            return [x] + [t[rows].to(a.dev, non_blocking=True) if a.dev.type == "cuda" else t[rows] for t in s.extra]
+            return [x] + [to_device(t[rows], a.dev) for t in s.extra]
         targets = a.targets()
         if targets is not None:
             labels = targets.index_select(0, rows_dev)

@@ -47,6 +47,7 @@ from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
 from .. import _compat
+from ..device import to_device
 
 Batched = Callable[[torch.Tensor], torch.Tensor]
 
@@ -57,10 +58,7 @@ def _dev(data, device: torch.device, dtype: Optional[torch.dtype] = None) -> tor
     """Per-sample parameters onto the device without a synchronisation: ``torch.tensor(...,
     device="cuda")`` waits for the GPU to finish all queued work, which would serialise the Python
     parameter draws with the kernels of the batch before; a copy from pinned memory does not."""
-    t = torch.as_tensor(data, dtype=dtype)
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+    return to_device(torch.as_tensor(data, dtype=dtype), device)
 
 
 def _coin_v1(p: float) -> bool:
@@ -460,11 +458,11 @@ def _timm_random_erasing(t) -> Batched:
     [min_count, max_count], per box up to 10 (area / count, log-aspect) attempts, the first that fits
     (``w < W and h < H``), a uniform top-left; the box filled with zeros ('const'), one normal colour
     per channel ('rand') or normal pixels ('pixel'), later boxes over earlier ones. All draws for the
-    whole batch at once with torch ops (same distribution, another order of draws; tests/test_timm.py),
-    then one copy to the device and one masked write per box. timm's own loop, run on a batch, erases
-    sample after sample from Python and, with its ``device='cpu'``, waits for the GPU at every
-    erased sample (a copy from pageable memory); on a batch it also skips the first
-    ``batch // num_splits`` samples, which per-sample calls never do."""
+    whole batch at once from torch's RNG, the arithmetic in numpy (same distribution, another order
+    of draws; tests/test_timm.py), then one copy to the device and one masked write per box. timm's
+    own loop, run on a batch, erases sample after sample from Python and, with its ``device='cpu'``,
+    waits for the GPU at every erased sample (a copy from pageable memory); on a batch it also skips
+    the first ``batch // num_splits`` samples, which per-sample calls never do."""
     lo, hi = t.log_aspect_ratio
     m = t.max_count
 
