@@ -148,3 +148,24 @@ def test_per_sample_fallback_warns_once_naming_the_transform(photo_folder):
         DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=8, device="cpu")
     msgs = [str(r.message) for r in rec if "per sample" in str(r.message)]
     assert len(msgs) == 1 and "AugMix" in msgs[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_erasing_writes_into_the_stages_batch(device):
+    """The batched stage owns its batch, so RandomErasing (torchvision's and timm's) writes into it
+    instead of a batch-sized copy (device memory, benchmarks/train.py); the boxes hold the value and
+    every other pixel is the input's."""
+    from timm.data.random_erasing import RandomErasing as TimmErasing
+
+    dev = "cuda" if device == "gpu" else "cpu"
+    x = torch.rand(16, 3, 32, 40, device=dev)
+    for t, value in ((T.RandomErasing(p=1.0, value=(0.25, 0.5, 0.75)), torch.tensor([0.25, 0.5, 0.75])),
+                     (v2.RandomErasing(p=1.0, value=0.5), torch.tensor([0.5] * 3)),
+                     (TimmErasing(probability=1.0, mode="const", device=dev), torch.zeros(3))):
+        y = x.clone()
+        torch.manual_seed(0)
+        out = batched.lower(t)(y)
+        assert out.data_ptr() == y.data_ptr(), type(t)
+        erased = (out != x).any(1)  # (N, H, W)
+        assert erased.flatten(1).any(1).all()
+        assert torch.equal(out.permute(0, 2, 3, 1)[erased], value.to(dev).expand(int(erased.sum()), 3))

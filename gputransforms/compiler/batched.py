@@ -4,9 +4,12 @@ it is (the GPU), with torchvision's meaning.
 Most entries draw their parameters per sample with torchvision's own code -- the transform's
 ``get_params`` (v1) or ``make_params`` (v2), preceded by the same coin flip, called sample after
 sample exactly as N calls of ``forward`` would call them -- and then apply all N parameter sets
-at once. ColorJitter's parameters, RandomApply's coins and RandomErasing's boxes are drawn for the
-whole batch at once instead (the same distributions; per sample in Python they cost more than the
-kernels). Then:
+at once. Where a transform's only draws are one coin (random-p ops) or one uniform sigma
+(GaussianBlur), they are drawn as one tensor, which gives the same numbers in the same order.
+ColorJitter's parameters, RandomApply's coins and RandomErasing's boxes are drawn for the whole
+batch at once too, in another order (the same distributions). Per sample in Python, these draws
+cost more than the kernels, and more again in the loader, where the reader threads hold the GIL.
+Then:
 
 - random-p ops (invert, posterize, solarize, sharpness, autocontrast, equalize, grayscale, flips):
   torchvision's functional kernel, which takes a batch, on the rows whose coin came up;
@@ -94,15 +97,21 @@ def _interp_mode(t) -> Optional[str]:
 
 # --- colour ---------------------------------------------------------------------------------------
 
-def _random_p(kernel: Callable[[object, torch.Tensor], torch.Tensor]):
-    """A transform that applies a deterministic functional kernel with probability p."""
-    def build(t) -> Batched:
-        coin = _coin_v2 if _is_v2(t) else _coin_v1
+def _coins(n: int, p: float, v2: bool) -> list:
+    """The rows whose coin comes up, for n samples: v1's ``torch.rand(1) < p`` or v2's ``not
+    torch.rand(1) >= p``, drawn as one ``torch.rand(n)``, which gives the numbers of n calls of
+    ``torch.rand(1)`` in the same order (torch's CPU generator fills a tensor serially; tested), so
+    the result is torchvision's sample after sample, exactly, for 2 calls instead of n."""
+    u = torch.rand(n)
+    return (~(u >= p) if v2 else u < p).nonzero().flatten().tolist()
 
-        def run(x):
-            rows = [i for i in range(x.shape[0]) if coin(t.p)]
-            return _on_rows(x, rows, lambda y: kernel(t, y))
-        return run
+
+def _random_p(kernel: Callable[[object, torch.Tensor], torch.Tensor]):
+    """A transform that applies a deterministic functional kernel with probability p (its only draw
+    is the coin)."""
+    def build(t) -> Batched:
+        v2 = _is_v2(t)
+        return lambda x: _on_rows(x, _coins(x.shape[0], t.p, v2), lambda y: kernel(t, y))
     return build
 
 
@@ -239,15 +248,16 @@ def gaussian_blur(x: torch.Tensor, kernel_size, sigmas: list) -> torch.Tensor:
 
 
 def _gaussian_blur(t) -> Batched:
+    """GaussianBlur's sigma, ``torch.empty(1).uniform_(lo, hi).item()`` per sample in v1's get_params
+    and v2's make_params (both sigmas equal), drawn as one ``torch.empty(n).uniform_(lo, hi)``: the
+    same numbers in the same order (see ``_coins``)."""
     ks = list(t.kernel_size)
-    if _is_v2(t):
-        def sigma(x, i):
-            return _compat.make_params(t, x[i])["sigma"]
-    else:
-        def sigma(x, i):
-            s = t.get_params(t.sigma[0], t.sigma[1])
-            return [s, s]
-    return lambda x: gaussian_blur(x, ks, [sigma(x, i) for i in range(x.shape[0])])
+    lo, hi = float(t.sigma[0]), float(t.sigma[1])
+
+    def run(x):
+        s = torch.empty(x.shape[0]).uniform_(lo, hi)
+        return gaussian_blur(x, ks, torch.stack([s, s], 1))
+    return run
 
 
 # --- geometry -------------------------------------------------------------------------------------
@@ -378,25 +388,31 @@ def _erasing_value(t):
     return value
 
 
-def erase(x: torch.Tensor, boxes: list) -> torch.Tensor:
-    """torchvision's erase for one (i, j, h, w, v) or None per sample. A per-channel v (C,1,1) is
-    written through one mask; random-pixel patches (C,h,w) are copied in one by one."""
+def erase(x: torch.Tensor, boxes: list, inplace: bool = False) -> torch.Tensor:
+    """torchvision's erase for one (i, j, h, w, v) or None per sample. Per-channel values v (C,1,1)
+    are written through one mask over the batch; random-pixel patches (C,h,w) are copied in one by
+    one. ``inplace``: write into ``x`` (the batched stage owns its batch), which keeps the device
+    memory of a batch-sized copy; the mask is (N,1,H,W) bool, so nothing batch-sized in float."""
     n, c, height, width = x.shape
     const = [(k, b) for k, b in enumerate(boxes) if b is not None and b[4].shape[-2:] == (1, 1)]
     pixels = [(k, b) for k, b in enumerate(boxes) if b is not None and b[4].shape[-2:] != (1, 1)]
     if not const and not pixels:
         return x
-    x = x.clone()
+    if not inplace:
+        x = x.clone()
     if const:
         dev = x.device
-        rows = _dev([k for k, _ in const], dev)
-        box = _dev([b[:4] for _, b in const], dev)  # i, j, h, w
+        box = np.zeros((n, 4), dtype=np.int64)  # i, j, h, w; an empty box for the rows left alone
+        values = torch.zeros(n, c)
+        for k, b in const:
+            box[k] = b[:4]
+            values[k] = b[4].reshape(-1).expand(c)
+        box = _dev(box, dev)
         ys = torch.arange(height, device=dev)[None, :, None]
         xs = torch.arange(width, device=dev)[None, None, :]
         i, j, h, w = (box[:, k, None, None] for k in range(4))
         mask = ((ys >= i) & (ys < i + h) & (xs >= j) & (xs < j + w))[:, None]
-        values = _dev(torch.stack([b[4].reshape(-1).expand(c) for _, b in const]), dev)[:, :, None, None]
-        x[rows] = torch.where(mask, values.to(x.dtype), x[rows])
+        torch.where(mask, _dev(values, dev, x.dtype)[:, :, None, None], x, out=x)
     for k, (i, j, h, w, v) in pixels:
         x[k, :, i:i + h, j:j + w] = _dev(v, x.device)
     return x
@@ -448,7 +464,7 @@ def _random_erasing(t) -> Batched:
             if ok:
                 v = const if const is not None else torch.empty([c, h0, w0], dtype=torch.float32).normal_()
                 boxes[r] = (i0, j0, h0, w0, v)
-        return erase(x, boxes)
+        return erase(x, boxes, inplace=True)  # the stage's own batch (tail.run_stages)
     return run
 
 
@@ -484,15 +500,16 @@ def _timm_random_erasing(t) -> Batched:
         xs = torch.arange(width, device=x.device, dtype=box.dtype)[None, None, :]
         masks = [((ys >= box[0, :, k, None, None]) & (ys < box[1, :, k, None, None]) & (xs >= box[2, :, k, None, None])
                   & (xs < box[3, :, k, None, None]) & (box[4, :, k, None, None] > 0))[:, None] for k in range(m)]
+        # written into x, the stage's own batch (tail.run_stages)
         if t.rand_color:  # a colour per box: a later box paints over an earlier one
             colours = _dev(torch.empty(m, n, c, 1, 1).normal_(), x.device).to(x.dtype)
             for k in range(m):
-                x = torch.where(masks[k], colours[k], x)
+                torch.where(masks[k], colours[k], x, out=x)
             return x
         mask = functools.reduce(torch.logical_or, masks)
         if t.per_pixel:
-            return torch.where(mask, torch.randn(x.shape, device=x.device, dtype=x.dtype), x)
-        return x.masked_fill(mask, 0)
+            return torch.where(mask, torch.randn(x.shape, device=x.device, dtype=x.dtype), x, out=x)
+        return x.masked_fill_(mask, 0)
     return run
 
 
@@ -621,7 +638,8 @@ def _timm_table() -> dict:
 
 
 def lower(t) -> Optional[Batched]:
-    """``t`` as a function of a (N,C,H,W) batch with torchvision's per-sample meaning, or None."""
+    """``t`` as a function of a (N,C,H,W) batch with torchvision's per-sample meaning, or None. The
+    function may write into the batch it is given (RandomErasing does): the stage owns its batch."""
     for cls in type(t).__mro__:
         build = _TABLE.get(cls) or _timm_table().get(cls)
         if build is not None:

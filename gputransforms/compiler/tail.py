@@ -68,7 +68,8 @@ def stages(plan: Plan) -> list:
 
 def run_stages(batch: torch.Tensor, compiled: list) -> torch.Tensor:
     """(transform, function, stage) triples on a batch, in order: whole-batch functions on the batch,
-    consecutive "per sample" ones in one pass over its samples."""
+    consecutive "per sample" ones in one pass over its samples. ``batch`` is the stage's to overwrite
+    (the graph's output, a gather): a batched function may write into it rather than into a copy."""
     pending: list = []
 
     def flush(batch):
