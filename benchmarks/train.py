@@ -11,7 +11,11 @@ autocast and channels_last, cross-entropy on the folder's classes. Feeds:
   TrivialAugmentWide, without RandomErasing);
 - ``gputransforms`` (and ``gputransforms-q2``, two batches prepared ahead instead of four): ImageFolder +
   gputransforms.DataLoader with the user's Compose;
-- ``torchvision``: ImageFolder + torch's DataLoader with every core as a worker, pinned, moved.
+- ``torchvision``: ImageFolder + torch's DataLoader with every core as a worker, pinned, moved;
+- any feed with ``@hi`` (``gputransforms@hi``): the same, with the loop (the loader's iterator and the
+  training step) on a CUDA stream of the highest priority, so that the GPU's block scheduler serves
+  the model's kernels before DALI's, whose streams have the default (lowest) priority (DALI 2.4 no
+  longer lets a pipeline choose its streams' priority).
 
 Each figure is img/s over ``--images`` images after 10 warm-up steps, epochs restarting as a training
 loop's would. Reported beside it: the fraction of the model alone, the device memory the run takes
@@ -23,6 +27,7 @@ GPU kernel time per step, the model's against the loader's (DALI and nvJPEG kern
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -130,6 +135,15 @@ def kernel_breakdown(step, source, steps: int = 20) -> dict:
                 loader_top=[(k, round(v / 1000 / steps, 3)) for k, v in busiest])
 
 
+def on_stream(where: str, dev):
+    """The context a feed runs in: ``hi``, a CUDA stream of the highest priority; else the current one."""
+    if where == "hi" and dev.type == "cuda":
+        return torch.cuda.stream(torch.cuda.Stream(dev, priority=-100))  # clamped to the highest
+    if where not in ("", "hi"):
+        raise ValueError(f"feed suffix @{where}: only @hi")
+    return contextlib.nullcontext()
+
+
 def feed(name: str, root: str, chain: str, batch_size: int, workers: int, threads: int, dev, classes: int):
     if name == "model":
         def resident():
@@ -175,10 +189,12 @@ def main(argv=None):
                 release()
                 mem = _PeakGpuMemory()
                 row = dict(model=model_name, chain=chain, feed=name)
+                base, _, where = name.partition("@")
                 try:
-                    n = a.torchvision_images if name == "torchvision" and a.torchvision_images else a.images
-                    row.update(run(step, feed(name, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes), n,
-                                   a.batch_size, a.profile and name != "torchvision", a.warmup))
+                    n = a.torchvision_images if base == "torchvision" and a.torchvision_images else a.images
+                    with on_stream(where, dev):
+                        row.update(run(step, feed(base, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes),
+                                       n, a.batch_size, a.profile and base != "torchvision", a.warmup))
                     row["mem_mb"] = (max(mem.peak, _device_mem_used()) - mem.base) / 2**20
                 except Exception as e:  # noqa: BLE001 - one failing feed must not hide the others
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]

@@ -37,3 +37,15 @@ def test_train_benchmark_runs(indexed_folder, tmp_path):
         assert "error" not in r, r
         assert r["img_s"] > 0 and r["images"] >= 8 and 0 < r["of_model"]
     assert rows["model"]["of_model"] == 1.0
+
+
+def test_gpu_time_benchmark_runs(indexed_folder, tmp_path):
+    out = tmp_path / "gpu_time"
+    cmd = [sys.executable, "-m", "benchmarks.gpu_time", str(indexed_folder), "--chains", "simclr", "--batches", "2",
+           "--warmup", "1", "--batch-size", "8", "--threads", "1", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["pipeline"]: r for r in json.loads((out / "gpu_time.json").read_text())["rows"]}
+    assert set(rows) == {"dali-handwritten", "gputransforms"}
+    assert all(r["wall_ms"] > 0 and r["cpu_cores"] > 0 for r in rows.values())
+    assert rows["gputransforms"]["tail_ms"] > 0 and rows["dali-handwritten"]["tail_ms"] == 0  # simclr's jitter is in the tail
