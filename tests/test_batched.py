@@ -169,3 +169,35 @@ def test_erasing_writes_into_the_stages_batch(device):
         erased = (out != x).any(1)  # (N, H, W)
         assert erased.flatten(1).any(1).all()
         assert torch.equal(out.permute(0, 2, 3, 1)[erased], value.to(dev).expand(int(erased.sum()), 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_normalize_equals_torchvision_without_waiting_for_the_gpu(device, api):
+    """The batched Normalize gives torchvision's numbers bit for bit, raises torchvision's errors, and
+    after its first call (which puts the mean and std on the device) never waits for the GPU:
+    torchvision's kernel waits three times per call (pageable copies, ``(std == 0).any()``)."""
+    m = T if api == "v1" else v2
+    dev = "cuda" if device == "gpu" else "cpu"
+    x = torch.rand(8, 3, 20, 24, device=dev)
+    t = m.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    fn = batched.lower(t)
+    ref = torch.stack([t(img) for img in x])
+    assert torch.equal(fn(x.clone()), ref)
+    if dev == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            assert torch.equal(fn(x.clone()), ref)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        with pytest.raises(RuntimeError, match="synchroniz"):  # negative control: torchvision's does wait
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                t(x)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    with pytest.raises(TypeError, match="float tensor"):
+        fn((x * 255).to(torch.uint8))
+    zero = m.Normalize([0.5, 0.5, 0.5], [0.2, 0.0, 0.2])
+    with pytest.raises(ValueError, match="zero"):
+        batched.lower(zero)(x.clone())

@@ -13,8 +13,9 @@ Then:
 
 - random-p ops (invert, posterize, solarize, sharpness, autocontrast, equalize, grayscale, flips):
   torchvision's functional kernel, which takes a batch, on the rows whose coin came up;
-- deterministic ones (Grayscale, Pad, Resize, CenterCrop, Normalize, dtype conversions): the
-  transform itself, whose tensor kernel takes (..., C, H, W);
+- deterministic ones (Grayscale, Pad, Resize, CenterCrop, dtype conversions): the transform
+  itself, whose tensor kernel takes (..., C, H, W); Normalize: its arithmetic, with the mean and
+  std on the device once (torchvision's kernel waits for the GPU three times per call);
 - ColorJitter: each of the four adjustments on the rows whose random order puts it there, with
   torchvision's tensor arithmetic and one factor per row;
 - GaussianBlur: one grouped convolution with a kernel per sample (kornia's filter2d_separable,
@@ -117,6 +118,30 @@ def _random_p(kernel: Callable[[object, torch.Tensor], torch.Tensor]):
 
 def _deterministic(t) -> Batched:
     return t  # torchvision's tensor kernels of these take (..., C, H, W) with one set of parameters
+
+
+def _normalize(t) -> Batched:
+    """Normalize: torchvision's arithmetic (subtract the mean, divide by the std, per channel), in
+    the stage's own batch, with the mean and std kept on the device per dtype. torchvision's kernel
+    copies both from pageable memory and v1's tests ``std == 0`` on the device, at every call: each
+    a wait for the GPU (torch's sync debug mode, H100), which held the loader's main thread until
+    the batch's kernels were done. Where torchvision raises (not a float tensor, a zero std in the
+    dtype) or its arithmetic is not this (a 2-D tensor), torchvision's own Normalize runs."""
+    cache: dict = {}
+
+    def run(x):
+        key = (x.device, x.dtype)
+        if key not in cache:
+            if not x.is_floating_point() or x.ndim < 3:
+                return t(x)
+            mean = torch.as_tensor(t.mean, dtype=x.dtype)
+            std = torch.as_tensor(t.std, dtype=x.dtype)
+            if bool((std == 0).any()):
+                return t(x)
+            cache[key] = tuple(_dev(v.view(-1, 1, 1) if v.ndim == 1 else v, x.device) for v in (mean, std))
+        mean, std = cache[key]
+        return x.sub_(mean).div_(std)
+    return run
 
 
 def _color_jitter(t) -> Batched:
@@ -390,9 +415,9 @@ def _erasing_value(t):
 
 def erase(x: torch.Tensor, boxes: list, inplace: bool = False) -> torch.Tensor:
     """torchvision's erase for one (i, j, h, w, v) or None per sample. Per-channel values v (C,1,1)
-    are written through one mask over the batch; random-pixel patches (C,h,w) are copied in one by
-    one. ``inplace``: write into ``x`` (the batched stage owns its batch), which keeps the device
-    memory of a batch-sized copy; the mask is (N,1,H,W) bool, so nothing batch-sized in float."""
+    are written through one mask over the batch (``fill_boxes``); random-pixel patches (C,h,w) are
+    copied in one by one. ``inplace``: write into ``x`` (the batched stage owns its batch), which
+    keeps the device memory of a batch-sized copy."""
     n, c, height, width = x.shape
     const = [(k, b) for k, b in enumerate(boxes) if b is not None and b[4].shape[-2:] == (1, 1)]
     pixels = [(k, b) for k, b in enumerate(boxes) if b is not None and b[4].shape[-2:] != (1, 1)]
@@ -401,21 +426,28 @@ def erase(x: torch.Tensor, boxes: list, inplace: bool = False) -> torch.Tensor:
     if not inplace:
         x = x.clone()
     if const:
-        dev = x.device
-        box = np.zeros((n, 4), dtype=np.int64)  # i, j, h, w; an empty box for the rows left alone
+        box = np.zeros((n, 4), dtype=np.int64)
         values = torch.zeros(n, c)
         for k, b in const:
             box[k] = b[:4]
             values[k] = b[4].reshape(-1).expand(c)
-        box = _dev(box, dev)
-        ys = torch.arange(height, device=dev)[None, :, None]
-        xs = torch.arange(width, device=dev)[None, None, :]
-        i, j, h, w = (box[:, k, None, None] for k in range(4))
-        mask = ((ys >= i) & (ys < i + h) & (xs >= j) & (xs < j + w))[:, None]
-        torch.where(mask, _dev(values, dev, x.dtype)[:, :, None, None], x, out=x)
+        fill_boxes(x, box, values)
     for k, (i, j, h, w, v) in pixels:
         x[k, :, i:i + h, j:j + w] = _dev(v, x.device)
     return x
+
+
+def fill_boxes(x: torch.Tensor, box: np.ndarray, values: torch.Tensor) -> torch.Tensor:
+    """Write ``values[k]`` (one per channel; (N,C) or (1,C)) into the box ``box[k]`` = (i, j, h, w)
+    of each sample k of ``x``, in place, through one (N,1,H,W) mask: nothing batch-sized in float.
+    An empty box (h = 0) leaves its sample alone."""
+    dev = x.device
+    b = _dev(box, dev)
+    ys = torch.arange(x.shape[-2], device=dev)[None, :, None]
+    xs = torch.arange(x.shape[-1], device=dev)[None, None, :]
+    i, j, h, w = (b[:, k, None, None] for k in range(4))
+    mask = ((ys >= i) & (ys < i + h) & (xs >= j) & (xs < j + w))[:, None]
+    return torch.where(mask, _dev(values, dev, x.dtype)[:, :, None, None], x, out=x)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -457,14 +489,16 @@ def _random_erasing(t) -> Batched:
         h, w = hs[pick, first], ws[pick, first]
         i = (_np(torch.rand(k)) * (height - h + 1)).astype(np.int64)
         j = (_np(torch.rand(k)) * (width - w + 1)).astype(np.int64)
-        boxes: list = [None] * n
-        const = None if value is None else torch.tensor(value, dtype=torch.float32)[:, None, None]
-        for r, ok, i0, j0, h0, w0 in zip(rows.tolist(), fits.any(1).tolist(), i.tolist(), j.tolist(), h.tolist(),
-                                         w.tolist()):
-            if ok:
-                v = const if const is not None else torch.empty([c, h0, w0], dtype=torch.float32).normal_()
-                boxes[r] = (i0, j0, h0, w0, v)
-        return erase(x, boxes, inplace=True)  # the stage's own batch (tail.run_stages)
+        ok = fits.any(1)
+        if value is not None:  # one fill for every box: no Python per erased sample (the stage's own batch)
+            box = np.zeros((n, 4), dtype=np.int64)
+            box[rows.numpy()[ok]] = np.stack([i, j, h, w], 1)[ok]
+            return fill_boxes(x, box, torch.tensor(value, dtype=torch.float32).expand(c)[None])
+        boxes: list = [None] * n  # normal pixels, drawn box after box as torchvision does
+        for r, fit, i0, j0, h0, w0 in zip(rows.tolist(), ok.tolist(), i.tolist(), j.tolist(), h.tolist(), w.tolist()):
+            if fit:
+                boxes[r] = (i0, j0, h0, w0, torch.empty([c, h0, w0], dtype=torch.float32).normal_())
+        return erase(x, boxes, inplace=True)
     return run
 
 
@@ -604,7 +638,7 @@ _TABLE: dict = {
     tv2.RandomHorizontalFlip: _random_p(lambda t, y: F2.horizontal_flip(y)),
     tv1.RandomVerticalFlip: _random_p(lambda t, y: F1.vflip(y)),
     tv2.RandomVerticalFlip: _random_p(lambda t, y: F2.vertical_flip(y)),
-    tv1.Normalize: _deterministic, tv2.Normalize: _deterministic,
+    tv1.Normalize: _normalize, tv2.Normalize: _normalize,
     tv1.ConvertImageDtype: _deterministic, tv2.ConvertImageDtype: _deterministic, tv2.ToDtype: _deterministic,
     tv1.RandomInvert: _random_p(lambda t, y: F1.invert(y)),
     tv2.RandomInvert: _random_p(lambda t, y: F2.invert(y)),

@@ -26,23 +26,6 @@ from .vectorized import Vectorized
 _DTYPE = (tv1.ConvertImageDtype, tv2.ConvertImageDtype, tv2.ToDtype)
 
 
-def _normalize(t, device: torch.device):
-    """torchvision's Normalize (sub, then div, per channel), without its host-side check (a
-    ``std == 0`` test that waits for the device cannot be captured): a std with a zero (None here)
-    leaves the chain op by op, where torchvision's Normalize raises for it."""
-    mean = torch.as_tensor(t.mean, dtype=torch.float32)
-    std = torch.as_tensor(t.std, dtype=torch.float32)
-    if bool((std == 0).any()):
-        return None
-    mean, std = mean.view(-1, 1, 1).to(device), std.view(-1, 1, 1).to(device)
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        if not x.is_floating_point():
-            raise TypeError(f"Input tensor should be a float tensor. Got {x.dtype}.")
-        return x.sub(mean.to(x.dtype)).div_(std.to(x.dtype))
-    return run
-
-
 def _kind(t, fn, stage: str) -> Optional[str]:
     """How a stage enters the graph: "vectorized", "skip", "normalize", "dtype"; None: it cannot."""
     if isinstance(fn, Vectorized):
@@ -119,12 +102,7 @@ def build(images: torch.Tensor, targets: Optional[torch.Tensor], compiled: list)
         kind = _kind(t, fn, stage)
         if kind == "vectorized":
             steps.append((fn.apply, fn, fn.width))
-        elif kind == "normalize":
-            run = _normalize(t, images.device)
-            if run is None:
-                return None
-            steps.append((run, None, 0))
-        elif kind == "dtype":
+        elif kind in ("normalize", "dtype"):  # (batched's Normalize: no host-side wait, capturable)
             steps.append((fn, None, 0))
     return GraphedChain(images, targets, steps)
 
