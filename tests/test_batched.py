@@ -185,11 +185,13 @@ def test_normalize_equals_torchvision_without_waiting_for_the_gpu(device, api):
     ref = torch.stack([t(img) for img in x])
     assert torch.equal(fn(x.clone()), ref)
     if dev == "cuda":
+        y = x.clone()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            assert torch.equal(fn(x.clone()), ref)
+            y = fn(y)
         finally:
             torch.cuda.set_sync_debug_mode(0)
+        assert torch.equal(y, ref)  # (torch.equal itself waits)
         with pytest.raises(RuntimeError, match="synchroniz"):  # negative control: torchvision's does wait
             torch.cuda.set_sync_debug_mode("error")
             try:

@@ -493,7 +493,7 @@ def _random_erasing(t) -> Batched:
         if value is not None:  # one fill for every box: no Python per erased sample (the stage's own batch)
             box = np.zeros((n, 4), dtype=np.int64)
             box[rows.numpy()[ok]] = np.stack([i, j, h, w], 1)[ok]
-            return fill_boxes(x, box, torch.tensor(value, dtype=torch.float32).expand(c)[None])
+            return fill_boxes(x, box, torch.tensor(value, dtype=torch.float32).expand(c).contiguous()[None])
         boxes: list = [None] * n  # normal pixels, drawn box after box as torchvision does
         for r, fit, i0, j0, h0, w0 in zip(rows.tolist(), ok.tolist(), i.tolist(), j.tolist(), h.tolist(), w.tolist()):
             if fit:
