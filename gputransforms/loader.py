@@ -505,7 +505,7 @@ class _CompiledIterator:
         elif isinstance(images, torch.Tensor) and images.dtype != plan.out_dtype:
             images = images.to(plan.out_dtype)
         if loader._user_collate is None:
-            return loader._files.batch(images, loader._labels(indices, self.dev), self.dev)
+            return loader._files.batch(images, loader._labels(indices, self.dev), self.dev, indices)
         return self._collate(images, indices)
 
     def _collate(self, images, indices):

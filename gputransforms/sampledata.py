@@ -288,8 +288,11 @@ def video_frames(rng: np.random.Generator, count: int, height: int, width: int, 
 
 
 def write_video(path, frames, fps: float = 30, *, crf: int = 18, gop: int = 12, bframes: int = 2,
-                codec: str = "libx264") -> Path:
-    """Encode RGB frames as H.264 (yuv420p) in ``path``'s container (.mp4, .avi, .mkv) with PyAV."""
+                codec: str = "libx264", audio: Optional[str] = None, sample_rate: int = 44100,
+                channels: int = 2) -> Path:
+    """Encode RGB frames as H.264 (yuv420p) in ``path``'s container (.mp4, .avi, .mkv) with PyAV;
+    ``audio`` (an encoder: "aac", "pcm_s16le") adds an audio stream as long as the video: a tone
+    per channel, its pitch rising over the video, so that every stretch of it differs."""
     import fractions
 
     import av
@@ -301,8 +304,13 @@ def write_video(path, frames, fps: float = 30, *, crf: int = 18, gop: int = 12, 
         s = c.add_stream(codec, rate=rate)
         s.pix_fmt = "yuv420p"
         s.options = {"crf": str(crf), "g": str(gop), "bf": str(bframes), "preset": "veryfast"}
-        first = True
+        a = None
+        if audio is not None:  # (every stream before the first packet)
+            a = c.add_stream(audio, rate=sample_rate)
+            a.layout = "stereo" if channels == 2 else "mono"
+        first, count = True, 0
         for f in frames:
+            count += 1
             if first:
                 s.height, s.width = f.shape[:2]
                 first = False
@@ -310,7 +318,32 @@ def write_video(path, frames, fps: float = 30, *, crf: int = 18, gop: int = 12, 
                 c.mux(pkt)
         for pkt in s.encode():
             c.mux(pkt)
+        if a is not None:
+            _write_audio(c, a, sample_rate, channels, seconds=count / fps)
     return path
+
+
+def _write_audio(container, a, rate: int, channels: int, seconds: float) -> None:
+    import av
+
+    t = np.arange(int(round(rate * seconds))) / rate
+    pitch = 220.0 * (1 + np.arange(channels))[:, None] * (1 + t / max(seconds, 1e-3))
+    wave = (0.4 * np.sin(2 * np.pi * pitch * t)).astype(np.float32)
+    fmt = a.codec_context.format.name  # what the encoder takes: fltp (aac), s16 (pcm_s16le), ...
+    step, pts = 1024, 0
+    for k in range(0, wave.shape[1], step):
+        chunk = wave[:, k:k + step]
+        if fmt == "s16":
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray((chunk.T * 32767).astype(np.int16).reshape(1, -1)),
+                                               format="s16", layout=a.layout.name)
+        else:
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(chunk), format="fltp", layout=a.layout.name)
+        frame.sample_rate, frame.pts = rate, pts
+        pts += frame.samples
+        for pkt in a.encode(frame):
+            container.mux(pkt)
+    for pkt in a.encode():
+        container.mux(pkt)
 
 
 def _write_video_job(job) -> None:

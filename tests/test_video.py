@@ -325,3 +325,64 @@ def test_pyav_decoding_equals_torchcodec_frame_for_frame(kinetics_root):
             allf = [f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]
         ref = np.stack([allf[k] for k in frames])
     assert np.abs(ours.astype(int) - ref.astype(int)).max() <= 1
+
+
+@pytest.fixture(scope="session")
+def audio_root(tmp_path_factory):
+    """Kinetics-style videos with AAC audio (a rising tone per channel): 4 at 30 fps, 2 at 25."""
+    root = tmp_path_factory.mktemp("kinetics_audio")
+    sampledata.make_video_folder(root / "train", classes=2, per_class=3, frames=(24, 40), fps=(30, 30, 25),
+                                 seed=5, audio="aac")
+    return root
+
+
+@torchcodec
+@pytest.mark.parametrize("codec,ext,kw", [("aac", "mp4", {}), ("pcm_s16le", "avi", dict(bframes=0)),
+                                          ("pcm_s16le", "mkv", dict(sample_rate=16000, channels=1))])
+def test_read_audio_equals_torchcodec(tmp_path, codec, ext, kw):
+    """A clip's audio range as torchcodec's AudioDecoder gives it (torchvision's VideoClips asks it):
+    the same samples for PCM, within 1e-4 for AAC (two FFmpeg builds), the same shapes always, on
+    ranges from the first frame to the last."""
+    from torchcodec.decoders import AudioDecoder
+
+    from gputransforms import video
+
+    path = str(sampledata.write_video(tmp_path / f"a.{ext}", sampledata.video_frames(np.random.default_rng(1), 60, 72, 96),
+                                      25, audio=codec, **kw))
+    worst = 0.0
+    for first in (0, 1, 7, 23, 44):
+        start, stop = first / 25, (first + 16) / 25
+        ref = AudioDecoder(path).get_samples_played_in_range(start_seconds=start, stop_seconds=stop).data
+        got = torch.from_numpy(video.read_audio(path, start, stop))
+        assert got.shape == ref.shape and got.dtype == ref.dtype == torch.float32
+        assert ref.abs().max() > 0.1  # the tone is there: the comparison can fail
+        worst = max(worst, (got - ref).abs().max().item())
+    assert worst <= (0 if codec.startswith("pcm") else 1e-4), worst
+
+
+@torchcodec
+def test_clip_audio_is_torchvisions(audio_root):
+    """Each clip's audio through gputransforms.DataLoader (batched, and per item for a collate_fn)
+    is the audio torchvision's Kinetics returns for that clip (torchcodec's), in the sampler's order;
+    a batch whose clips' audio lengths differ raises torch's own collate error on both sides."""
+    ds = datasets.Kinetics(audio_root, frames_per_clip=8, step_between_clips=6)
+    ours, theirs = side_by_side(ds, "cpu", batch_size=1, shuffle=True)
+    assert len(ours) == len(theirs) == len(ds)
+    lengths = set()
+    for (v, a, y), (tv, ta, ty) in zip(ours, theirs):
+        assert a.shape == ta.shape and a.shape[1] == 2 and a.shape[2] > 0, (a.shape, ta.shape)
+        assert (a - ta).abs().max().item() <= 1e-4 and codes(v) == codes(tv)
+        lengths.add(a.shape[2])
+    assert len(lengths) > 1  # 30 and 25 fps: clips of 8 frames play for different times
+
+    def audio_only(batch):
+        return [item[1] for item in batch]
+    got = next(iter(DataLoader(ds, device="cpu", batch_size=4, collate_fn=audio_only)))
+    want = [ds[i][1] for i in range(4)]
+    assert [g.shape for g in got] == [w.shape for w in want]
+    assert max((g - w).abs().max().item() for g, w in zip(got, want)) <= 1e-4
+
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        list(tud.DataLoader(ds, batch_size=len(ds)))
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        list(DataLoader(ds, device="cpu", batch_size=len(ds)))

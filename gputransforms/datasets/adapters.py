@@ -75,7 +75,7 @@ class FileSamples:
         """What torchvision's transform receives for sample ``i`` (to find the sample DALI failed on)."""
         return pil_loader(self.paths[i])
 
-    def batch(self, images, labels, dev) -> tuple:
+    def batch(self, images, labels, dev, indices) -> tuple:
         """What the loop yields for a batch, as torch's default_collate would build it."""
         return images, labels
 

@@ -11,6 +11,7 @@ video file, the frame indices torchvision's ``VideoClips`` selects, the label an
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -21,9 +22,11 @@ import numpy as np
 import torch
 import torchvision.datasets as tvd
 from torchvision.datasets.folder import find_classes, make_dataset
+from torch.utils.data import default_collate
 from torchvision.datasets.video_utils import VideoClips as _TVVideoClips
 
 from .. import _compat, video
+from ..device import to_device
 
 
 class ClipSamples:
@@ -91,15 +94,21 @@ class ClipSamples:
     def num_inputs(self, gpu: bool) -> int:
         return 3 if gpu else 2
 
-    def batch(self, videos, labels, dev) -> tuple:
-        """(video, audio, label) batched as torch's default_collate batches torchvision's items.
-        Audio is not decoded: each clip's is torchvision's empty ``(1, 0)``, as for a video without
-        an audio stream."""
-        return videos, torch.empty((len(labels), 1, 0), dtype=torch.float32, device=dev), labels
+    def audio(self, indices) -> list:
+        """Each clip's audio as torchvision's ``VideoClips.get_clip`` returns it (``clip_audio``),
+        decoded in threads (a video without audio costs one look at its header, once)."""
+        fps = self.video_clips.video_fps
+        return list(_audio_pool().map(
+            lambda i: clip_audio(self.paths[i], self.frames(i), fps[int(self.video_of[i])]), indices))
+
+    def batch(self, videos, labels, dev, indices) -> tuple:
+        """(video, audio, label) batched as torch's default_collate batches torchvision's items: the
+        clips' audio stacked, which raises torch's own error where their lengths differ (as torch's
+        DataLoader does; torchvision's video references drop the audio in their collate_fn)."""
+        return videos, to_device(default_collate(self.audio(indices)), dev), labels
 
     def items(self, videos, indices) -> list:
-        empty = torch.empty((1, 0), dtype=torch.float32)
-        return [(v, empty, self.target(i)) for v, i in zip(videos, indices)]
+        return [(v, a, self.target(i)) for v, a, i in zip(videos, self.audio(indices), indices)]
 
     def load(self, i: int) -> torch.Tensor:
         """The clip torchvision's transform receives: uint8 frames in ``output_format``."""
@@ -119,6 +128,31 @@ def scan(paths: list, num_workers: int = 1) -> dict:
             "video_fps": [v.fps for v in infos]}
 
 
+def _no_audio() -> torch.Tensor:
+    return torch.empty((1, 0), dtype=torch.float32)  # torchvision's, for a clip without audio
+
+
+def clip_audio(path: str, frames, fps: float) -> torch.Tensor:
+    """The audio torchvision's ``VideoClips.get_clip`` returns for the clip of frames ``frames``
+    (first to last, in the video's frame indices) of ``path``: the samples played from the first
+    frame's time to the end of the last, ``[first / fps, (last + 1) / fps)`` with the video's
+    ``video_fps`` (torchcodec's ``average_fps``), float32 (channels, samples), decoded by PyAV
+    (``video.read_audio``: within 1e-4 of torchcodec for AAC, equal for PCM); torchvision's empty
+    ``(1, 0)`` where the video has no audio stream or its audio cannot be decoded (torchvision's
+    get_clip catches every error there)."""
+    if not fps or len(frames) == 0 or not video.has_audio(path):
+        return _no_audio()
+    try:
+        return torch.from_numpy(video.read_audio(path, int(frames[0]) / fps, (int(frames[-1]) + 1) / fps))
+    except Exception:  # noqa: BLE001 - as torchvision: any failure gives the empty audio
+        return _no_audio()
+
+
+@functools.lru_cache(maxsize=None)
+def _audio_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="gputransforms-audio")
+
+
 class VideoClips(_TVVideoClips):
     """torchvision's VideoClips whose ``get_clip`` decodes with PyAV where torchcodec cannot load."""
 
@@ -133,7 +167,8 @@ class VideoClips(_TVVideoClips):
         if self.output_format == "TCHW":
             frames = frames.permute(0, 3, 1, 2)
         fps = self.frame_rate if self.frame_rate is not None else self.video_fps[video_idx]
-        return frames, torch.empty((1, 0), dtype=torch.float32), {"video_fps": fps}, video_idx
+        audio = clip_audio(path, _compat.clip_frames(self, video_idx, clip_idx), self.video_fps[video_idx])
+        return frames, audio, {"video_fps": fps}, video_idx
 
 
 def _videos_kinetics(a: dict) -> list:
