@@ -129,6 +129,6 @@ class ArrayIterator:
         if targets is not None:
             labels = targets.index_select(0, rows_dev)
         else:
-            labels = tud.default_collate([s.target(int(i)) for i in indices])
-            labels = labels.to(a.dev) if isinstance(labels, torch.Tensor) else labels
+            # (nested targets too: where the images are, as the file-backed path hands them over)
+            labels = to_device(tud.default_collate([s.target(int(i)) for i in indices]), a.dev)
         return x, labels

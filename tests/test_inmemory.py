@@ -257,3 +257,17 @@ def test_pil_only_chain_falls_back():
     assert next(iter(loader))[0].shape == (8, 1, 32, 32)
     with pytest.raises(TypeError, match="PIL image"):
         DataLoader(fake(torchvision.datasets.CIFAR10), batch_size=8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nested_targets_go_where_the_images_are(device):
+    """A target_transform that gives a dict: the batch's targets collated as torch's default_collate
+    collates them, every tensor of them on the images' device, as the file-backed path hands them."""
+    ds = fake(torchvision.datasets.CIFAR10, transform=T.PILToTensor())
+    ds.target_transform = lambda y: {"cls": y, "onehot": torch.nn.functional.one_hot(torch.tensor(y), 10)}
+    ours, theirs = side_by_side(ds, device, batch_size=8)
+    assert len(ours) == len(theirs) == 8
+    for (x, t), (tx, tt) in zip(ours, theirs):
+        assert set(t) == set(tt) == {"cls", "onehot"}
+        for k in tt:
+            assert t[k].device == x.device and torch.equal(t[k].cpu(), tt[k])
