@@ -308,12 +308,11 @@ def write_video(path, frames, fps: float = 30, *, crf: int = 18, gop: int = 12, 
         if audio is not None:  # (every stream before the first packet)
             a = c.add_stream(audio, rate=sample_rate)
             a.layout = "stereo" if channels == 2 else "mono"
-        first, count = True, 0
+        count = 0
         for f in frames:
             count += 1
-            if first:
+            if count == 1:
                 s.height, s.width = f.shape[:2]
-                first = False
             for pkt in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
                 c.mux(pkt)
         for pkt in s.encode():
@@ -324,6 +323,8 @@ def write_video(path, frames, fps: float = 30, *, crf: int = 18, gop: int = 12, 
 
 
 def _write_audio(container, a, rate: int, channels: int, seconds: float) -> None:
+    """``seconds`` of rising tones into the audio stream ``a``, in 1024-sample frames in the format
+    its encoder takes."""
     import av
 
     t = np.arange(int(round(rate * seconds))) / rate
