@@ -441,13 +441,17 @@ def fill_boxes(x: torch.Tensor, box: np.ndarray, values: torch.Tensor) -> torch.
     """Write ``values[k]`` (one per channel; (N,C) or (1,C)) into the box ``box[k]`` = (i, j, h, w)
     of each sample k of ``x``, in place, through one (N,1,H,W) mask: nothing batch-sized in float.
     An empty box (h = 0) leaves its sample alone."""
-    dev = x.device
-    b = _dev(box, dev)
-    ys = torch.arange(x.shape[-2], device=dev)[None, :, None]
-    xs = torch.arange(x.shape[-1], device=dev)[None, None, :]
-    i, j, h, w = (b[:, k, None, None] for k in range(4))
-    mask = ((ys >= i) & (ys < i + h) & (xs >= j) & (xs < j + w))[:, None]
-    return torch.where(mask, _dev(values, dev, x.dtype)[:, :, None, None], x, out=x)
+    mask = _box_mask(_dev(box, x.device), x.shape[-2], x.shape[-1])
+    return torch.where(mask, _dev(values, x.device, x.dtype)[:, :, None, None], x, out=x)
+
+
+def _box_mask(box: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(N,1,H,W) bool, true inside sample k's box ``box[k]`` = (i, j, h, w) (an int tensor on the
+    batch's device; h = 0: no box)."""
+    ys = torch.arange(height, device=box.device)[None, :, None]
+    xs = torch.arange(width, device=box.device)[None, None, :]
+    i, j, h, w = (box[:, k, None, None] for k in range(4))
+    return ((ys >= i) & (ys < i + h) & (xs >= j) & (xs < j + w))[:, None]
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -529,11 +533,8 @@ def _timm_random_erasing(t) -> Batched:
             return x
         top = np.floor(_np(torch.rand(n, m)) * np.maximum(height - h + 1, 1))
         left = np.floor(_np(torch.rand(n, m)) * np.maximum(width - w + 1, 1))
-        box = _dev(np.stack([top, top + h, left, left + w, ok], 0).astype(np.float32), x.device)  # (5, n, m)
-        ys = torch.arange(height, device=x.device, dtype=box.dtype)[None, :, None]
-        xs = torch.arange(width, device=x.device, dtype=box.dtype)[None, None, :]
-        masks = [((ys >= box[0, :, k, None, None]) & (ys < box[1, :, k, None, None]) & (xs >= box[2, :, k, None, None])
-                  & (xs < box[3, :, k, None, None]) & (box[4, :, k, None, None] > 0))[:, None] for k in range(m)]
+        box = _dev((np.stack([top, left, h, w], -1) * ok[..., None]).astype(np.int64), x.device)  # (n, m, 4)
+        masks = [_box_mask(box[:, k], height, width) for k in range(m)]  # (a box that is not: h = 0)
         # written into x, the stage's own batch (tail.run_stages)
         if t.rand_color:  # a colour per box: a later box paints over an earlier one
             colours = _dev(torch.empty(m, n, c, 1, 1).normal_(), x.device).to(x.dtype)
@@ -574,7 +575,7 @@ def _random_apply(t) -> Optional[Batched]:
         return None
     # v1: ``if self.p < torch.rand(1): return img``; v2: ``if torch.rand(1) >= self.p: return``: each
     # applies with probability p; the coins of the batch are drawn at once (compared by distribution)
-    return lambda x: _on_rows(x, (torch.rand(x.shape[0]) < t.p).nonzero().flatten().tolist(), inner)
+    return lambda x: _on_rows(x, _coins(x.shape[0], t.p, v2=True), inner)
 
 
 def _grouped(x: torch.Tensor, keys: list, run_for_key) -> torch.Tensor:

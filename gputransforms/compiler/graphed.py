@@ -2,13 +2,13 @@
 
 At CIFAR sizes the GPU work of a batch (a gather, a crop, a flip, a normalisation of 1.5 MB) is far
 less than the host's cost of launching it one torch op at a time (H100: 1.2 ms per batch of 512 op
-by op, 0.35 ms as a graph), so the loader's pace is the main thread's. When every transform of the chain is one whose randomness can be drawn
-ahead (``vectorized.Vectorized``: RandomCrop, the flips) or deterministic (ToTensor, PILToTensor,
-ConvertImageDtype/ToDtype, Normalize), the whole batch -- gather by index, the transforms, the
-targets -- is captured once as a CUDA graph. Each batch then costs the parameter draws on the CPU
-(the same torch RNG calls, in the same order, as the op-by-op path: the same images from the same
-seed), one copy of rows and parameters to the device, one replay and a copy of the outputs out of
-the graph's buffers.
+by op, 0.35 ms as a graph), so the loader's pace is the main thread's. When every transform of the
+chain is one whose randomness can be drawn ahead (``vectorized.Vectorized``: RandomCrop, the flips)
+or deterministic (ToTensor, PILToTensor, ConvertImageDtype/ToDtype, Normalize), the whole batch --
+gather by index, the transforms, the targets -- is captured once as a CUDA graph. Each batch then
+costs the parameter draws on the CPU (the same torch RNG calls, in the same order, as the op-by-op
+path: the same images from the same seed), one copy of rows and parameters to the device, one
+replay and a copy of the outputs out of the graph's buffers.
 
 ``build`` returns None where the chain does not qualify; ``ArrayIterator`` then runs it op by op.
 """
