@@ -187,19 +187,26 @@ class PipelineSlot:
     weak reference: no cycle keeps the pipeline, its threads and its device memory alive."""
 
     def __init__(self):
-        self.pipe = None
+        self.pipe = None  # (first: when the slot goes, the pipeline goes before the files it reads)
         self.decoders: Optional[ProcessDecoders] = None  # worker processes, for samples decoded on the CPU
         self.epoch: Optional[EpochFeed] = None
         self.dirty = False  # an epoch was left mid-way: DALI may hold prefetched batches of it
+        self.fed: collections.deque = collections.deque()  # the last batches fed, which DALI reads in place
 
-    def callback(self) -> Callable:
+    def callback(self, keep: int = 0) -> Callable:
+        """The pipeline's external-source callback. ``keep``: how many of the last batches fed to
+        hold alive (a pipeline built with ``no_copy`` reads them where they are until their
+        iteration has run: at most its prefetch depth after the feed)."""
         ref = weakref.ref(self)
+        self.fed = collections.deque(maxlen=keep)
 
         def feed():
             slot = ref()
             if slot is None or slot.epoch is None:
                 raise StopIteration
-            return slot.epoch.next_encoded()
+            data = slot.epoch.next_encoded()
+            slot.fed.append(data)
+            return data
 
         return feed
 

@@ -301,11 +301,14 @@ class DataLoader(tud.DataLoader):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, self.num_threads)),
                                             thread_name_prefix="gputransforms-read")
-        slot.pipe = build_pipeline(self.plan, slot.callback(), device=self.device, batch_size=self._max_batch(),
-                                   num_threads=self.num_threads, seed=seed,
+        # no_copy: DALI reads the files where the reader threads put them; copied in, they cost the
+        # main thread (schedule_run runs the callback) a memcpy of every batch's files
+        slot.pipe = build_pipeline(self.plan, slot.callback(keep=self.prefetch_queue_depth + 2), device=self.device,
+                                   batch_size=self._max_batch(), num_threads=self.num_threads, seed=seed,
                                    prefetch_queue_depth=self.prefetch_queue_depth,
                                    hw_decoder_load=self.hw_decoder_load,
-                                   jpeg_fancy_upsampling=self.jpeg_fancy_upsampling, checkpoint=checkpoint)
+                                   jpeg_fancy_upsampling=self.jpeg_fancy_upsampling, checkpoint=checkpoint,
+                                   no_copy=True)
 
     def _max_batch(self) -> int:
         """The largest batch the index sampler gives (the pipeline's batch size), found before an

@@ -348,12 +348,16 @@ LOWER: dict[str, Callable] = {
 def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch_size: int, num_threads: int,
                    seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
                    hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
-                   reader: Optional[Callable] = None, checkpoint: Optional[bytes] = None) -> Pipeline:
+                   reader: Optional[Callable] = None, checkpoint: Optional[bytes] = None,
+                   no_copy: bool = False) -> Pipeline:
     """One DALI pipeline for ``plan``, fed encoded files by ``source`` (a batch callback), or by
     ``reader()`` (a function returning a DALI node of encoded files, e.g. fn.readers.file, used by
     the benchmarks to take Python out of the measurement). Checkpointing is on (DALI: no cost), so
     ``pipe.checkpoint()`` holds its random operators' state after the last batch handed out, and a
-    pipeline built with ``checkpoint=`` draws what the saved one would have drawn next."""
+    pipeline built with ``checkpoint=`` draws what the saved one would have drawn next. ``no_copy``:
+    DALI reads the encoded files ``source`` returns where they are, instead of copying them in the
+    calling thread; the caller keeps them alive and unchanged until their iteration has run
+    (``feed.PipelineSlot`` keeps the last batches fed)."""
     if device == "gpu" and device_id is None:
         device_id = torch.cuda.current_device()
 
@@ -376,7 +380,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
                     types.UINT8, types.INT32], ndim=[4, 1], layout=["FHWC", ""], no_copy=False)
         else:
             encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
-                                         no_copy=False)
+                                         no_copy=no_copy)
         g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded)
         for step in plan.steps:
             LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
