@@ -14,7 +14,9 @@ ConvertBCHWtoCBHW). Pipelines:
 - ``dali-handwritten``: what a DALI user writes: ``readers.video`` (GPU) with its own clip
   enumeration and shuffle, resize, crop_mirror_normalize, DALIGenericIterator;
 - ``gputransforms``: ``datasets.Kinetics`` + ``DataLoader``, the preset unchanged (PyAV in every core's
-  worker process, the chain on the GPU); ``gputransforms-nvdec``: the same with ``video_decoder="nvdec"``.
+  worker process, handing over YUV planes; colour conversion and the chain on the GPU);
+  ``gputransforms-rgb``: the same with FFmpeg's RGB from the workers (``video_decoder="pyav-rgb"``);
+  ``gputransforms-nvdec``: the same with ``video_decoder="nvdec"``.
 
 Reports clips/s and frames/s, JSON and a PNG chart.
 """
@@ -156,15 +158,16 @@ def run_gputransforms(root, batch_size, threads, **loader_kwargs):
     return make
 
 
-def parity(root, clips: int, threads: int) -> dict:
-    """The device's decode (NVDEC on a GPU) against PyAV's (FFmpeg's colour conversion, as torchcodec's)
-    on the same clips, raw frames, in 0-255 units."""
+def parity(root, clips: int, threads: int, **loader_kwargs) -> dict:
+    """The loader's frames (``video_decoder``: PyAV's YUV planes converted in the graph, or NVDEC)
+    against PyAV's RGB (FFmpeg's colour conversion, as torchcodec's) on the same clips, raw frames,
+    in 0-255 units."""
     from gputransforms import DataLoader, _compat, video
 
     ds = _dataset(root, None, threads)
     vc = ds.video_clips
     diffs, n = [], 0
-    for v, _, _ in DataLoader(ds, batch_size=4, num_workers=threads):
+    for v, _, _ in DataLoader(ds, batch_size=4, num_workers=threads, **loader_kwargs):
         for clip in v:
             path_idx, c = vc.get_clip_location(n)
             ref = torch.from_numpy(video.read_frames(vc.video_paths[path_idx], _compat.clip_frames(vc, path_idx, c).tolist()))
@@ -181,6 +184,8 @@ def parity(root, clips: int, threads: int) -> dict:
 PIPELINES = {"torchvision": run_torchvision, "pyav-decode": run_pyav_decode,
              "dali-handwritten": lambda *a: (lambda make: (lambda: _DaliBatches(make())))(run_dali_handwritten(*a)),
              "gputransforms": run_gputransforms,
+              # FFmpeg's RGB from the workers instead of YUV planes converted on the GPU (the default)
+             "gputransforms-rgb": lambda *a: run_gputransforms(*a, video_decoder="pyav-rgb"),
              # DALI's decoders.video (NVDEC) inside the graph instead of PyAV in worker processes
              "gputransforms-nvdec": lambda *a: run_gputransforms(*a, video_decoder="nvdec")}
 
@@ -207,7 +212,8 @@ def main(argv=None):
     for res in resolutions:
         root = os.path.join(a.root, res)
         if a.parity:
-            parities[res] = parity(root, a.parity, a.threads)
+            decoders = ("pyav-yuv", "nvdec") if _gpu() else ("pyav-yuv",)
+            parities[res] = {d: parity(root, a.parity, a.threads, video_decoder=d) for d in decoders}
             print(f"  {res} decode vs PyAV, 0-255 units: {parities[res]}", flush=True)
         n_clips = len(glob.glob(os.path.join(root, "train", "*", "*.mp4"))) * (96 // STEP)
         for name in a.pipelines.split(","):

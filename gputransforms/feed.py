@@ -125,9 +125,12 @@ class ProcessDecoders:
     """Worker processes that decode samples, kept across epochs (torch's persistent workers: no
     start-up per epoch). One per pipeline slot, so each live iterator has its own."""
 
-    def __init__(self, samples, workers: int, lookahead: int):
+    def __init__(self, samples, workers: int, lookahead: int, planes: bool = False):
         self.flat = _Flat()
-        self.dl = tud.DataLoader(_Decoded(samples.reader(gpu=False, check_jpeg_scan=False)), batch_size=None,
+        # planes: clips as the decoder gives them (video.read_planes), converted to RGB in the graph
+        read = samples.reader(gpu=False, check_jpeg_scan=False, planes=True) if planes else \
+            samples.reader(gpu=False, check_jpeg_scan=False)
+        self.dl = tud.DataLoader(_Decoded(read), batch_size=None,
                                  sampler=self.flat, num_workers=workers, collate_fn=_identity,
                                  prefetch_factor=max(2, lookahead), persistent_workers=True)
 

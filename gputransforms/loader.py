@@ -31,6 +31,9 @@ from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed
 __all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning", "dali_available",
            "default_device"]
 
+#: DataLoader(video_decoder=...): "pyav" is "pyav-yuv" on the GPU and "pyav-rgb" on the CPU
+VIDEO_DECODERS = ("pyav", "pyav-yuv", "pyav-rgb", "nvdec")
+
 
 class FallbackWarning(UserWarning):
     """Part of a transform chain runs per sample with torchvision instead of in the DALI graph."""
@@ -86,8 +89,12 @@ class DataLoader(tud.DataLoader):
     mean |diff| 0.15 instead of 0.30 in 0-255 units, but ~30% slower full-image decoding on an H100; never
     applied to RandomResizedCrop's ROI decode, which nvJPEG < 13.2 does not support).
     ``video_decoder`` (video datasets): "pyav" (default) decodes clips with PyAV in ``num_workers`` worker
-    processes and runs the chain in the graph on the device; "nvdec" decodes them on the GPU inside the
-    graph with DALI's ``decoders.video`` (measured ~9x slower on an H100 with DALI 2.4: README, Video).
+    processes and runs the chain in the graph on the device: on the GPU the workers hand over the
+    frames' YUV planes and the graph converts them to RGB ("pyav-yuv": half the bytes, no conversion
+    on the CPU; within 2 of FFmpeg's RGB, mean 0.2-0.3 in 0-255 units, README, Video), on the CPU
+    FFmpeg converts them in the workers ("pyav-rgb", frames equal to PyAV's); "nvdec" decodes them on
+    the GPU inside the graph with DALI's ``decoders.video`` (measured ~9x slower on an H100 with
+    DALI 2.4: README, Video).
 
     Every extra argument is kept under its own name as a public attribute, as torch keeps its own,
     so a framework that re-creates the loader from its attributes gets the same loader. Nothing is
@@ -122,8 +129,8 @@ class DataLoader(tud.DataLoader):
         self.skipped: list = []  # files.BadSampleError of the latest epoch (on_error="skip")
         self.hw_decoder_load = hw_decoder_load
         self.jpeg_fancy_upsampling = jpeg_fancy_upsampling
-        if video_decoder not in ("pyav", "nvdec"):
-            raise ValueError(f"video_decoder must be 'pyav' or 'nvdec', got {video_decoder!r}")
+        if video_decoder not in VIDEO_DECODERS:
+            raise ValueError(f"video_decoder must be one of {', '.join(map(repr, VIDEO_DECODERS))}, got {video_decoder!r}")
         self.video_decoder = video_decoder
         self.num_threads = num_workers if num_workers > 0 else default_threads()
         # 4 batches in flight measured 5% faster than 2 on an H100 (benchmarks/probe_loader.py)
@@ -174,7 +181,9 @@ class DataLoader(tud.DataLoader):
             return None, "torchvision", str(e)
         p = make_plan(self._files.transform, self._files.plan_input)
         if p.steps and p.steps[0].op == "video_decode":
-            p.steps[0].args["decoder"] = "nvdec" if self.device == "gpu" and self.video_decoder == "nvdec" else "pyav"
+            nvdec = self.device == "gpu" and self.video_decoder == "nvdec"
+            yuv = self.video_decoder == "pyav-yuv" or (self.video_decoder == "pyav" and self.device == "gpu")
+            p.steps[0].args.update(decoder="nvdec" if nvdec else "pyav", frames="yuv420" if yuv and not nvdec else "rgb")
         if not p.compiled:
             return p, "torchvision", p.tail_reason
         if p.output == "image" and not p.tail and self._user_collate is None:
@@ -329,7 +338,8 @@ class DataLoader(tud.DataLoader):
         first = self.plan.steps[0]
         if first.op == "video_decode" and first.args["decoder"] == "pyav":
             if slot.decoders is None:
-                slot.decoders = ProcessDecoders(self._files, self.num_threads, lookahead=self.prefetch_queue_depth + 2)
+                slot.decoders = ProcessDecoders(self._files, self.num_threads, lookahead=self.prefetch_queue_depth + 2,
+                                                planes=first.args["frames"] == "yuv420")
             return ProcessEpochFeed(slot.decoders, batches, skip=self.on_error == "skip", skipped=skipped)
         return EpochFeed(self._files, batches, self._pool, lookahead=self.prefetch_queue_depth + 2,
                          skip=self.on_error == "skip", gpu=self.device == "gpu",

@@ -152,12 +152,22 @@ def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampl
 
 def _video_decode(g: _Graph, step: Step, **_) -> None:
     """Clips: with NVDEC the external source gives each clip's file bytes, frame indices and size, and
-    DALI's video decoder decodes those frames; with PyAV it gives the decoded frames and their size."""
+    DALI's video decoder decodes those frames; with PyAV it gives the decoded frames (RGB, or YUV
+    planes and their matrix: ``frames="yuv420"``) and their size."""
     g.seq = True
     if step.args.get("decoder") == "nvdec":
         encoded, frames, hw = g.encoded
         # pad_mode="none": a frame past the video's end (a truncated file) raises instead of padding
         g.img = fn.decoders.video(encoded, device="mixed", frames=frames, pad_mode="none")
+    elif step.args.get("frames") == "yuv420":
+        # PyAV's planes (video.read_planes): chroma repeated to the frame's size, then one matrix per
+        # clip (its colorspace and range) to RGB, where the chain runs: half the bytes of RGB cross
+        # from the decoders, and the conversion leaves the CPU
+        luma, chroma, mt, hw = g.encoded
+        if g.device == "gpu":
+            luma, chroma = luma.gpu(), chroma.gpu()
+        chroma = fn.resize(chroma, size=fn.cast(hw, dtype=types.FLOAT), interp_type=types.INTERP_NN, antialias=False)
+        g.img = fn.coord_transform(fn.cat(luma, chroma, axis=3), MT=mt, dtype=types.UINT8)
     else:
         g.img, hw = g.encoded
         if g.device == "gpu":
@@ -355,8 +365,8 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     the benchmarks to take Python out of the measurement). Checkpointing is on (DALI: no cost), so
     ``pipe.checkpoint()`` holds its random operators' state after the last batch handed out, and a
     pipeline built with ``checkpoint=`` draws what the saved one would have drawn next. ``no_copy``:
-    DALI reads the encoded files ``source`` returns where they are, instead of copying them in the
-    calling thread; the caller keeps them alive and unchanged until their iteration has run
+    DALI reads what ``source`` returns (encoded files, clips' frames) where it is, instead of copying
+    it in the calling thread; the caller keeps them alive and unchanged until their iteration has run
     (``feed.PipelineSlot`` keeps the last batches fed)."""
     if device == "gpu" and device_id is None:
         device_id = torch.cuda.current_device()
@@ -374,10 +384,14 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
         elif plan.steps[0].op == "video_decode":  # (bytes, frame indices, size) or (frames, size)
             if plan.steps[0].args.get("decoder") == "nvdec":
                 encoded = fn.external_source(source=source, batch=True, num_outputs=3, dtype=[
-                    types.UINT8, types.INT32, types.INT32], ndim=[1, 1, 1], no_copy=False)
+                    types.UINT8, types.INT32, types.INT32], ndim=[1, 1, 1], no_copy=no_copy)
+            elif plan.steps[0].args.get("frames") == "yuv420":  # (luma, chroma, [M T], size)
+                encoded = fn.external_source(source=source, batch=True, num_outputs=4, dtype=[
+                    types.UINT8, types.UINT8, types.FLOAT, types.INT32], ndim=[4, 4, 2, 1],
+                    layout=["FHWC", "FHWC", "", ""], no_copy=no_copy)
             else:
                 encoded = fn.external_source(source=source, batch=True, num_outputs=2, dtype=[
-                    types.UINT8, types.INT32], ndim=[4, 1], layout=["FHWC", ""], no_copy=False)
+                    types.UINT8, types.INT32], ndim=[4, 1], layout=["FHWC", ""], no_copy=no_copy)
         else:
             encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
                                          no_copy=no_copy)

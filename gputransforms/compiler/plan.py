@@ -74,8 +74,11 @@ class Plan:
                 lines.append(f"  torchvision  {_short(t)}")
             return "\n".join(lines)
         nvdec = bool(self.steps) and self.steps[0].args.get("decoder") == "nvdec"
+        yuv = bool(self.steps) and self.steps[0].args.get("frames") == "yuv420"
         dev = {"decode": "mixed" if device == "gpu" else "cpu",
-               "video_decode": "mixed, NVDEC" if nvdec else f"decoded by PyAV in worker processes, to the {device}"}
+               "video_decode": "mixed, NVDEC" if nvdec else
+               f"decoded by PyAV in worker processes, to the {device}"
+               + (f" as YUV planes, converted to RGB on the {device}" if yuv else "")}
         lines.append(f"DALI graph ({device}):")
         if self.output == "video":
             lines.append("  readers: clips in sampler order (" + ("each file's bytes, its frame indices and size)" if nvdec

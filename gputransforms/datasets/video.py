@@ -72,9 +72,10 @@ class ClipSamples:
         out.targets = [self.targets[i] for i in idx]
         return out
 
-    def reader(self, *, gpu: bool, check_jpeg_scan: bool = False) -> Callable[[int], Any]:
+    def reader(self, *, gpu: bool, check_jpeg_scan: bool = False, planes: bool = False) -> Callable[[int], Any]:
         """Sample index -> the graph's inputs for it: on the GPU the file's bytes (NVDEC decodes them
-        in the graph), the frame indices and the size; on the CPU the decoded frames and the size."""
+        in the graph), the frame indices and the size; on the CPU the decoded frames and the size,
+        or with ``planes`` their YUV planes, matrix and size (``video.read_planes``)."""
         from ..files import BadSampleError
 
         def read(i: int):
@@ -84,6 +85,8 @@ class ClipSamples:
                 hw = np.asarray([meta.height, meta.width], dtype=np.int32)
                 if gpu:
                     return video.read_bytes(path), self.frames(i), hw
+                if planes:
+                    return (*video.read_planes(path, self.frames(i), meta), hw)
                 return video.read_frames(path, self.frames(i), meta), hw
             except (video.VideoReadError, OSError) as e:
                 reason = e.reason if isinstance(e, video.VideoReadError) else f"cannot be read ({e})"
