@@ -121,6 +121,22 @@ def _identity(x):
     return x
 
 
+def _stop_workers(dl: tud.DataLoader) -> None:
+    """End ``dl``'s persistent worker processes now. torch's own shutdown (its iterator's ``__del__``,
+    at whatever garbage collection reaches an abandoned loader) lets each worker first decode the
+    clips already queued to it, then joins them one by one, up to 5 s each: on an H100 host an
+    abandoned 16-worker video loader held its process's main thread there for minutes (py-spy, the
+    GPU test run of test_bad_videos_named_or_skipped). The workers hold nothing worth finishing."""
+    it = getattr(dl, "_iterator", None)
+    if it is None:
+        return
+    for w in getattr(it, "_workers", ()):
+        if w.is_alive():
+            w.terminate()
+    it._shutdown_workers()  # joins the dead workers, closes the queues; its __del__ then does nothing
+    dl._iterator = None
+
+
 class ProcessDecoders:
     """Worker processes that decode samples, kept across epochs (torch's persistent workers: no
     start-up per epoch). One per pipeline slot, so each live iterator has its own."""
@@ -133,6 +149,8 @@ class ProcessDecoders:
         self.dl = tud.DataLoader(_Decoded(read), batch_size=None,
                                  sampler=self.flat, num_workers=workers, collate_fn=_identity,
                                  prefetch_factor=max(2, lookahead), persistent_workers=True)
+        # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)
+        self.close = weakref.finalize(self, _stop_workers, self.dl)
 
     def epoch(self, batches):
         self.flat.batches = batches
@@ -212,6 +230,12 @@ class PipelineSlot:
             return data
 
         return feed
+
+    def close(self):
+        """End the worker processes now (they are started again by the next epoch)."""
+        decoders, self.decoders = self.decoders, None
+        if decoders is not None:
+            decoders.close()
 
     def drain(self):
         """Finish an epoch left mid-way (the user broke out of the loop, or dropped the iterator) so

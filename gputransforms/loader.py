@@ -356,7 +356,9 @@ class DataLoader(tud.DataLoader):
     def close(self):
         """Release the DALI pipelines and the reader threads now (also done when the loader is
         garbage; a later iteration builds them again)."""
-        self._idle = []
+        idle, self._idle = self._idle, []
+        for slot in idle:
+            slot.close()  # video decoding worker processes end now, not at a later garbage collection
         pool, self._pool = getattr(self, "_pool", None), None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

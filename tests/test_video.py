@@ -297,6 +297,53 @@ def test_bad_videos_named_or_skipped(kinetics_root, tmp_path, device):
         assert {e.path for e in loader.skipped} == set(bad)
 
 
+def _slow_once_flagged(decode, flag):
+    """``video._decode`` that blocks for a minute once ``flag`` exists (a worker busy with a clip)."""
+    import os
+    import time
+
+    def slow(*args, **kwargs):
+        if os.path.exists(flag):
+            time.sleep(60)
+        return decode(*args, **kwargs)
+
+    return slow
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if d.id != "nvdec"])
+def test_decoder_processes_end_with_their_loader(kinetics_root, tmp_path, monkeypatch, device):
+    """PyAV's worker processes end when the loader is closed, or dropped mid-epoch, at once, even
+    while they decode: torch's own shutdown of persistent workers (at whatever garbage collection
+    reaches the loader) lets each worker finish the clips queued to it and joins them one by one,
+    5 s each at most, which held the GPU machine's test runs for minutes."""
+    import gc
+    import multiprocessing as mp
+    import time
+
+    from gputransforms import video
+
+    flag = tmp_path / "busy"
+    monkeypatch.setattr(video, "_decode", _slow_once_flagged(video._decode, str(flag)))  # forked workers inherit it
+    ds = datasets.Kinetics(kinetics_root, frames_per_clip=4, step_between_clips=2)  # clips queued to every worker
+    before = {p.pid for p in mp.active_children()}
+    loader = DataLoader(ds, batch_size=2, num_workers=2, **on(device))
+    assert sum(len(v) for v, _, _ in loader) == len(ds)
+    workers = [p for p in mp.active_children() if p.pid not in before]
+    assert len(workers) == 2  # persistent: they stay for the next epoch
+    loader.close()
+    assert not any(p.is_alive() for p in workers)
+    it = iter(loader)  # a later epoch starts them again; dropped mid-epoch and busy, they end at once
+    next(it)
+    workers = [p for p in mp.active_children() if p.pid not in before]
+    assert len(workers) == 2
+    flag.touch()
+    time.sleep(1.0)  # each worker is now inside a clip that takes a minute
+    start = time.monotonic()
+    del it, loader
+    gc.collect()
+    assert not any(p.is_alive() for p in workers) and time.monotonic() - start < 3
+
+
 def test_bad_video_at_scan_named(kinetics_root, tmp_path):
     root = tmp_path / "k"
     shutil.copytree(kinetics_root, root)
