@@ -338,14 +338,17 @@ def run_dali_experimental(root, chain, batch_size, _threads, limit=512):
     return make
 
 
-def run_gputransforms(root, chain, batch_size, threads, **loader_kwargs):
+def run_gputransforms(root, chain, batch_size, threads, graph_normalizes=False, **loader_kwargs):
     from gputransforms import DataLoader, datasets
     from gputransforms import transforms as T
 
     def make():
         ds = datasets.ImageFolder(root, transform=CHAINS[chain](T))
-        return DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=threads,
-                          collate_fn=collate_for(chain, root), **loader_kwargs)
+        dl = DataLoader(ds, batch_size=batch_size, shuffle=chain != "eval", num_workers=threads,
+                        collate_fn=collate_for(chain, root), **loader_kwargs)
+        if graph_normalizes and dl.plan is not None:  # the A/B of compiler/handoff.py: float32 out of DALI
+            dl.plan.affine = None
+        return dl
 
     return make
 
@@ -459,6 +462,8 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              "gputransforms-fancy-ups": lambda *a: run_gputransforms(*a, jpeg_fancy_upsampling=True),
              # two batches in flight instead of four: less device memory (benchmarks/train.py)
              "gputransforms-q2": lambda *a: run_gputransforms(*a, prefetch_factor=2),
+             # DALI's graph normalises and hands over float32 (before compiler/handoff.py): the A/B
+             "gputransforms-graphnorm": lambda *a: run_gputransforms(*a, graph_normalizes=True),
              # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
              "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist,
              "gputransforms-userdataset": run_gputransforms_userdataset}

@@ -9,8 +9,9 @@ autocast and channels_last, cross-entropy on the folder's classes. Feeds:
 - ``model``: the model alone on one resident batch (the ceiling);
 - ``dali-handwritten``: benchmarks/loader.py's hand-written DALI pipeline (for ta_wide: DALI's own
   TrivialAugmentWide, without RandomErasing);
-- ``gputransforms`` (and ``gputransforms-q2``, two batches prepared ahead instead of four): ImageFolder +
-  gputransforms.DataLoader with the user's Compose;
+- ``gputransforms`` (and ``gputransforms-q2``, two batches prepared ahead instead of four;
+  ``gputransforms-graphnorm``, DALI's graph normalising to float32 instead of compiler/handoff.py):
+  ImageFolder + gputransforms.DataLoader with the user's Compose;
 - ``torchvision``: ImageFolder + torch's DataLoader with every core as a worker, pinned, moved;
 - any feed with ``@hi`` (``gputransforms@hi``): the same, with the loop (the loader's iterator and the
   training step) on a CUDA stream of the highest priority, so that the GPU's block scheduler serves
@@ -19,7 +20,8 @@ autocast and channels_last, cross-entropy on the folder's classes. Feeds:
 
 Each figure is img/s over ``--images`` images after 10 warm-up steps, epochs restarting as a training
 loop's would. Reported beside it: the fraction of the model alone, the device memory the run takes
-beyond the model's own (device-wide peak, sampled, minus the level of the model-alone run), the main
+beyond the model's own (device-wide peak, sampled, minus the level of the model-alone run; and of it
+torch's caching allocator's peak, the rest being DALI's pools and libraries), the main
 process's CPU seconds per 1,000 images (all its threads; torchvision's workers are other processes),
 and the host time spent waiting in ``next()``. ``--profile`` adds a breakdown from torch.profiler:
 GPU kernel time per step, the model's against the loader's (DALI and nvJPEG kernels by name).
@@ -182,11 +184,13 @@ def main(argv=None):
         step = make_model(model_name, classes, dev)
         for chain in a.chains.split(","):
             alone = None
-            base_mem = 0
+            base_mem = base_torch = 0
             for name in a.feeds.split(","):
                 if name == "model" and alone is not None:
                     continue
                 release()
+                if _gpu():
+                    torch.cuda.reset_peak_memory_stats()
                 mem = _PeakGpuMemory()
                 row = dict(model=model_name, chain=chain, feed=name)
                 base, _, where = name.partition("@")
@@ -196,16 +200,20 @@ def main(argv=None):
                         row.update(run(step, feed(base, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes),
                                        n, a.batch_size, a.profile and base != "torchvision", a.warmup))
                     row["mem_mb"] = (max(mem.peak, _device_mem_used()) - mem.base) / 2**20
+                    # of it, torch's caching allocator's peak (the model's tensors, and the batches
+                    # the loop holds); the rest is DALI's pools and libraries
+                    row["torch_mb"] = torch.cuda.max_memory_reserved() / 2**20 if _gpu() else 0.0
                 except Exception as e:  # noqa: BLE001 - one failing feed must not hide the others
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 mem.stop_mb()
                 if name == "model" and "img_s" in row:
-                    alone, base_mem = row["img_s"], row["mem_mb"]
+                    alone, base_mem, base_torch = row["img_s"], row["mem_mb"], row["torch_mb"]
                 rows.append(row)
             for r in rows:
                 if r["model"] == model_name and r["chain"] == chain and "img_s" in r and alone:
                     r["of_model"] = r["img_s"] / alone
                     r["mem_beyond_model_mb"] = r["mem_mb"] - base_mem
+                    r["torch_beyond_model_mb"] = r["torch_mb"] - base_torch
             dali = next((r.get("img_s") for r in rows if r["model"] == model_name and r["chain"] == chain
                          and r["feed"] == "dali-handwritten"), None)
             for r in rows:
@@ -215,7 +223,8 @@ def main(argv=None):
                 if r["model"] == model_name and r["chain"] == chain:
                     print(f"  {model_name} {chain} {r['feed']}: {r.get('img_s', float('nan')):.0f} img/s "
                           f"({r.get('of_model', 0):.2f} of the model, {r.get('x_dali', 0):.2f}x DALI, "
-                          f"+{r.get('mem_beyond_model_mb', 0):.0f} MiB, {r.get('cpu_s_per_1k', 0):.2f} CPU s/1k, "
+                          f"+{r.get('mem_beyond_model_mb', 0):.0f} MiB (torch +{r.get('torch_beyond_model_mb', 0):.0f}), "
+                          f"{r.get('cpu_s_per_1k', 0):.2f} CPU s/1k, "
                           f"wait {r.get('wait_ms_per_step', 0):.1f} ms/step) {r.get('error', '')}", flush=True)
                     if "profile" in r:
                         print(f"      profile: {r['profile']}", flush=True)

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from . import files
-from .compiler import tail
+from .compiler import handoff, tail
 from .compiler.plan import plan as make_plan
 from .device import resolve as resolve_device, torch_device
 
@@ -67,7 +67,8 @@ class CompiledTransform:
         from .compiler.dali import build_pipeline
 
         self._pipe = build_pipeline(self.plan, None, device=self.device, batch_size=self.max_batch_size,
-                                    num_threads=self.num_threads, seed=self.seed, prefetch_queue_depth=1)
+                                    num_threads=self.num_threads, seed=self.seed, prefetch_queue_depth=1,
+                                    raw_output=handoff.applies(self.plan, self.device))
 
     def _run(self, chunk: list, offset: int) -> list:
         from .compiler.dali import to_torch  # DALI is imported on first use
@@ -85,6 +86,8 @@ class CompiledTransform:
             self._pipe = None  # a DALI pipeline is dead after any error
             raise self._name_failure(chunk, offset, e) from e
         images = to_torch(out[0])
+        if handoff.applies(self.plan, self.device):
+            images = handoff.to_float(images, self.plan)
         if isinstance(images, torch.Tensor):
             if self.plan.tail:
                 images = tail.run_tail(images, self.plan, dev, self._stages)

@@ -21,7 +21,7 @@ import torch
 import torch.utils.data as tud
 
 from . import files, integrations, state
-from .compiler import tail
+from .compiler import handoff, tail
 from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
 from .datasets.adapters import FileSamples, NotCompilable, resolve
 from .device import (dali_available, default_device, default_threads, rank_tag, resolve as resolve_device,
@@ -317,7 +317,7 @@ class DataLoader(tud.DataLoader):
                                    prefetch_queue_depth=self.prefetch_queue_depth,
                                    hw_decoder_load=self.hw_decoder_load,
                                    jpeg_fancy_upsampling=self.jpeg_fancy_upsampling, checkpoint=checkpoint,
-                                   no_copy=True)
+                                   no_copy=True, raw_output=handoff.applies(self.plan, self.device))
 
     def _max_batch(self) -> int:
         """The largest batch the index sampler gives (the pipeline's batch size), found before an
@@ -461,6 +461,7 @@ class _CompiledIterator:
         from .compiler.dali import to_torch  # DALI is imported only on the compiled path
 
         self.to_torch = to_torch
+        self.raw = handoff.applies(loader.plan, loader.device)  # the graph hands over raw uint8 pixels
         self.scheduled = False
         self.first = True
         self.done = False
@@ -512,6 +513,8 @@ class _CompiledIterator:
                 raise err from e
         indices = self.epoch.in_flight.popleft()
         images = self.to_torch(out[0])
+        if self.raw:
+            images = handoff.to_float(images, loader.plan)
         pipe.schedule_run()
         self.yielded += 1
         plan = loader.plan

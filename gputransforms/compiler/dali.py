@@ -129,6 +129,7 @@ class _Graph:
     device: str  # "gpu" or "cpu"
     encoded: Any  # the external source's output, or its outputs (a tuple) for video
     seq: bool = False  # samples are sequences of frames (FHWC): per-sample parameters hold for every frame
+    raw_output: bool = False  # a float32 output's raw uint8 pixels instead (compiler.handoff)
 
 
 def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampling: bool) -> None:
@@ -240,9 +241,10 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     a = step.args
     if g.seq and a["layout"] == "HWC" and a["dtype"] == torch.uint8 and "crop" not in a and "mirror_p" not in a:
         return  # raw frames (output_format "THWC"): nothing to do
-    kw: dict[str, Any] = dict(dtype=_DALI_DTYPE.get(a["dtype"], types.FLOAT),
-                              output_layout=("F" if g.seq else "") + a["layout"], mean=list(a["mean"]),
-                              std=list(a["std"]))
+    raw = g.raw_output and "raw_fill" in a  # compiler.handoff maps the values
+    kw: dict[str, Any] = dict(dtype=types.UINT8 if raw else _DALI_DTYPE.get(a["dtype"], types.FLOAT),
+                              output_layout=("F" if g.seq else "") + a["layout"],
+                              mean=[0.0] * 3 if raw else list(a["mean"]), std=[1.0] * 3 if raw else list(a["std"]))
     crop = a.get("crop")
     if crop is not None:
         ch, cw = crop["size"]
@@ -253,7 +255,7 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
         # torchvision's RandomCrop raises for an image smaller than the crop unless pad_if_needed
         policy = "pad" if crop["pad_if_needed"] else "error"
         kw.update(crop=[float(ch), float(cw)], crop_pos_y=pos_y, crop_pos_x=pos_x, out_of_bounds_policy=policy,
-                  fill_values=list(crop["fill"]))
+                  fill_values=list(a["raw_fill"] if raw else crop["fill"]))
         g.h, g.w = ch, cw
     if "mirror_p" in a:
         kw["mirror"] = _coin(a["mirror_p"])
@@ -359,7 +361,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
                    seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
                    hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
                    reader: Optional[Callable] = None, checkpoint: Optional[bytes] = None,
-                   no_copy: bool = False) -> Pipeline:
+                   no_copy: bool = False, raw_output: bool = False) -> Pipeline:
     """One DALI pipeline for ``plan``, fed encoded files by ``source`` (a batch callback), or by
     ``reader()`` (a function returning a DALI node of encoded files, e.g. fn.readers.file, used by
     the benchmarks to take Python out of the measurement). Checkpointing is on (DALI: no cost), so
@@ -367,7 +369,8 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     pipeline built with ``checkpoint=`` draws what the saved one would have drawn next. ``no_copy``:
     DALI reads what ``source`` returns (encoded files, clips' frames) where it is, instead of copying
     it in the calling thread; the caller keeps them alive and unchanged until their iteration has run
-    (``feed.PipelineSlot`` keeps the last batches fed)."""
+    (``feed.PipelineSlot`` keeps the last batches fed). ``raw_output``: where ``plan.affine`` is set,
+    the graph ends in its raw uint8 pixels, for ``compiler.handoff.to_float``."""
     if device == "gpu" and device_id is None:
         device_id = torch.cuda.current_device()
 
@@ -395,7 +398,8 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
         else:
             encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
                                          no_copy=no_copy)
-        g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded)
+        g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded,
+                   raw_output=raw_output and plan.affine is not None)
         for step in plan.steps:
             LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
         return g.img

@@ -58,6 +58,14 @@ class Plan:
     # torchvision's tensor kernels; "pil": it starts on PIL images, because a callable expects one;
     # "clip": per clip, on the device (video)
     tail_mode: str = "pil"
+    # ((scale), (shift)) per channel when the graph's float32 output is raw uint8 pixels * scale +
+    # shift: on the GPU the graph then hands over the raw pixels and ``compiler.handoff`` maps them
+    affine: Optional[tuple] = None
+
+    def hands_over_raw(self, device: str) -> bool:
+        """On the GPU a float32 output that is an affine map of raw pixels leaves the graph as those
+        raw uint8 pixels (a quarter of the bytes in DALI's queue) and ``compiler.handoff`` maps them."""
+        return device == "gpu" and self.compiled and self.affine is not None
 
     @property
     def checkpointable(self) -> bool:
@@ -93,6 +101,9 @@ class Plan:
             if s.note:
                 text += f"  [{s.note}]"
             lines.append(text)
+        if self.hands_over_raw(device):
+            lines.append("hand-off: the graph's raw uint8 pixels become float32 in one kernel (x * scale + shift per "
+                         "channel) on the loop's stream")
         if self.tail:
             from .tail import stages
 
@@ -523,6 +534,23 @@ class _Planner:
         sources.extend(self.value_sources)
         note = "crop+flip+normalize+layout fused" if len(sources) > 1 else ""
         self.steps.append(Step("crop_mirror_normalize", args, sources, note))
+        if self.affine_eligible(args):
+            args["raw_fill"] = [float(round(f)) for f in self.crop_fill_raw] if self.crop is not None else None
+
+    def affine_eligible(self, args: dict) -> bool:
+        """Whether the float32 output is a per-channel affine map of raw uint8 pixels, padding included
+        (a crop that may pad fills with a raw value that must itself be a uint8 value)."""
+        if self.graph_float or args["dtype"] != torch.float32 or not args["layout"].endswith("CHW"):
+            return False
+        if self.crop is not None and self.crop.args["pad_if_needed"]:
+            return all(abs(r - round(r)) <= 1e-3 and 0 <= round(r) <= 255 for r in self.crop_fill_raw)
+        return True
+
+    def affine(self) -> Optional[tuple]:
+        last = self.steps[-1].args
+        if "raw_fill" not in last:
+            return None
+        return tuple(float(a) for a in self.scale), tuple(float(b) for b in self.shift)
 
 
 def plan(transform, input: str = "image") -> Plan:
@@ -561,7 +589,7 @@ def plan(transform, input: str = "image") -> Plan:
                     compiled=False)
     last = steps[-1].args
     return Plan(steps=steps, tail=tail, tail_reason=reason, output="tensor" if last["layout"] == "CHW" else "image",
-                out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode)
+                out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine())
 
 
 def _plan_video(transforms: list, layout: str) -> Plan:
@@ -580,7 +608,7 @@ def _plan_video(transforms: list, layout: str) -> Plan:
     last = planner.steps[-1].args
     out_dtype = last["dtype"] if layout == "TCHW" else torch.uint8
     return Plan(steps=planner.steps, tail=tail, tail_reason=reason, output="video", out_dtype=out_dtype,
-                compiled=True, tail_mode="clip")
+                compiled=True, tail_mode="clip", affine=planner.affine() if layout == "TCHW" else None)
 
 
 def explain(transform, device: Optional[str] = None) -> str:
