@@ -464,6 +464,9 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              "gputransforms-q2": lambda *a: run_gputransforms(*a, prefetch_factor=2),
              # DALI's graph normalises and hands over float32 (before compiler/handoff.py): the A/B
              "gputransforms-graphnorm": lambda *a: run_gputransforms(*a, graph_normalizes=True),
+             # the hardware JPEG decoder's share (default 0.9): less of it leaves more to CUDA and the CPU
+             "gputransforms-hw65": lambda *a: run_gputransforms(*a, hw_decoder_load=0.65),
+             "gputransforms-hw100": lambda *a: run_gputransforms(*a, hw_decoder_load=1.0),
              # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
              "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist,
              "gputransforms-userdataset": run_gputransforms_userdataset}

@@ -23,7 +23,9 @@ loop's would. Reported beside it: the fraction of the model alone, the device me
 beyond the model's own (device-wide peak, sampled, minus the level of the model-alone run; and of it
 torch's caching allocator's peak, the rest being DALI's pools and libraries), the main
 process's CPU seconds per 1,000 images (all its threads; torchvision's workers are other processes),
-and the host time spent waiting in ``next()``. ``--profile`` adds a breakdown from torch.profiler:
+the host time spent waiting in ``next()``, and the main thread's own CPU time per step, in ``next()``
+and in the training step (a loop whose main thread is busy for the whole step is bound by the host,
+whatever the GPU does). ``--profile`` adds a breakdown from torch.profiler:
 GPU kernel time per step, the model's against the loader's (DALI and nvJPEG kernels by name).
 """
 from __future__ import annotations
@@ -87,17 +89,23 @@ def run(step, source, n_images: int, batch_size: int, profile: bool = False, war
         step(*next(source))
     _sync()
     t0, cpu0 = time.perf_counter(), time.process_time()
-    counted, waited = 0, 0.0
+    counted, waited, steps = 0, 0.0, 0
+    next_cpu = step_cpu = 0.0  # the main thread's own CPU time, in next() and in the step
     while counted < n_images:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         x, y = next(source)
         waited += time.perf_counter() - t
+        c2 = time.thread_time()
+        next_cpu += c2 - c
         step(x, y)
+        step_cpu += time.thread_time() - c2
         counted += len(x)
+        steps += 1
     _sync()
     elapsed = time.perf_counter() - t0
     out = dict(img_s=counted / elapsed, images=counted, cpu_s_per_1k=1000 * (time.process_time() - cpu0) / counted,
-               wait_ms_per_step=1000 * waited / (counted / batch_size))
+               wait_ms_per_step=1000 * waited / (counted / batch_size), step_ms=1000 * elapsed / steps,
+               main_next_cpu_ms=1000 * next_cpu / steps, main_step_cpu_ms=1000 * step_cpu / steps)
     if profile:
         out["profile"] = kernel_breakdown(step, source)
     return out
@@ -225,7 +233,9 @@ def main(argv=None):
                           f"({r.get('of_model', 0):.2f} of the model, {r.get('x_dali', 0):.2f}x DALI, "
                           f"+{r.get('mem_beyond_model_mb', 0):.0f} MiB (torch +{r.get('torch_beyond_model_mb', 0):.0f}), "
                           f"{r.get('cpu_s_per_1k', 0):.2f} CPU s/1k, "
-                          f"wait {r.get('wait_ms_per_step', 0):.1f} ms/step) {r.get('error', '')}", flush=True)
+                          f"wait {r.get('wait_ms_per_step', 0):.1f} ms/step; step {r.get('step_ms', 0):.1f} ms, main thread CPU "
+                          f"{r.get('main_next_cpu_ms', 0):.1f} in next() + {r.get('main_step_cpu_ms', 0):.1f} in the step) "
+                          f"{r.get('error', '')}", flush=True)
                     if "profile" in r:
                         print(f"      profile: {r['profile']}", flush=True)
         del step

@@ -62,6 +62,9 @@ EVAL_CHAINS = {
         lambda: T.Compose([T.Resize(224, T.InterpolationMode.NEAREST), T.CenterCrop(224), T.PILToTensor()]), False),
     "Resize(224,lanczos)+CenterCrop": (
         lambda: T.Compose([T.Resize(224, T.InterpolationMode.LANCZOS), T.CenterCrop(224), T.PILToTensor()]), False),
+    "Resize((120,160))+VerticalFlip+HorizontalFlip(p=1)+CenterCrop(100): the flips are the resize's (ROI reversed)": (
+        lambda: T.Compose([T.Resize((120, 160)), T.RandomVerticalFlip(p=1.0), T.RandomHorizontalFlip(p=1.0),
+                           T.CenterCrop(100), T.PILToTensor()]), False),
     "torchvision.transforms.Compose object reused unchanged": (
         lambda: torchvision.transforms.Compose([torchvision.transforms.Resize(256), torchvision.transforms.CenterCrop(224),
                                                 torchvision.transforms.ToTensor()]), False),

@@ -148,11 +148,12 @@ def test_classification_reference_presets(photo_folder, device, use_v2, kw):
     preset = ClassificationPresetTrain(crop_size=64, use_v2=use_v2, **kw)
     p = plan(preset)
     # the fast path takes everything that has a lowering: RRC fused into decode, the flip in the
-    # final op (or, when an augmentation follows it, a flip step), TrivialAugmentWide, RandAugment
+    # final op (or, when an augmentation follows it, in the resize: its ROI reversed), TrivialAugmentWide, RandAugment
     # and AutoAugment in DALI; AugMix and RandomErasing run per sample after the graph
     ops = [s.op for s in p.steps]
     assert p.steps[0].args.get("random_crop")
-    assert p.steps[-1].args.get("mirror_p") == 0.5 or "flip" in ops
+    assert p.steps[-1].args.get("mirror_p") == 0.5 or p.steps[1].args.get("hflip_p") == 0.5
+    assert "flip" not in ops
     assert ("trivial_augment_wide" in ops) == (kw["auto_augment_policy"] == "ta_wide")
     assert ("rand_augment" in ops) == (kw["auto_augment_policy"] == "ra")
     assert ("auto_augment" in ops) == (kw["auto_augment_policy"] in ("imagenet", "cifar10", "svhn"))

@@ -171,7 +171,8 @@ def test_create_transform_recipe_compiles_into_the_graph():
     """DeiT's / ConvNeXt's recipe: RandAugment joins the graph; only timm's RandomErasing is left."""
     tf = timm_data.create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
     p = plan(tf)
-    assert [s.op for s in p.steps] == ["decode", "resize", "flip", "timm_augment", "crop_mirror_normalize"], p.explain()
+    assert [s.op for s in p.steps] == ["decode", "resize", "timm_augment", "crop_mirror_normalize"], p.explain()
+    assert p.steps[1].args["hflip_p"] == 0.5, p.explain()  # the flip is the resize's (ROI reversed)
     assert [type(t).__name__ for t in p.tail] == ["RandomErasing"]
     step = next(s for s in p.steps if s.op == "timm_augment")
     assert step.args["layers"] == 2 and len(step.args["ops"]) == 15

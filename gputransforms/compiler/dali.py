@@ -185,9 +185,26 @@ def _interp_type(interp):
     return fn.cast(fn.random.uniform(values=codes, dtype=types.INT32), dtype=types.INTERP_TYPE)
 
 
+def _flip_roi(step: Step) -> dict:
+    """A resize's ROI, reversed in the dimensions a flip folded into it (plan: ``emit_flip``) drew."""
+    if "vflip_p" not in step.args and "hflip_p" not in step.args:
+        return {}
+    ends = []
+    for key in ("vflip_p", "hflip_p"):
+        if key in step.args:
+            coin = fn.cast(_coin(step.args[key]), dtype=types.FLOAT)
+            ends.append((coin, 1.0 - coin))
+        else:
+            ends.append((0.0, 1.0))
+    start = fn.stack(*[a if _is_node(a) else types.Constant(a, dtype=types.FLOAT) for a, _ in ends])
+    end = fn.stack(*[b if _is_node(b) else types.Constant(b, dtype=types.FLOAT) for _, b in ends])
+    return dict(roi_start=start, roi_end=end, roi_relative=True)
+
+
 def _resize(g: _Graph, step: Step, **_) -> None:
     h, w = resized_size(g.h, g.w, step.args["target"])
     kw = dict(dtype=types.FLOAT) if step.args.get("float") else {}
+    kw.update(_flip_roi(step))
     g.img = fn.resize(g.img, resize_y=_float(h), resize_x=_float(w), interp_type=_interp_type(step.args["interp"]),
                       antialias=step.args["antialias"], **kw)
     g.h, g.w = h, w

@@ -461,8 +461,21 @@ class _Planner:
             self.steps.append(Step("slice", dict(self.crop.args, fill=fill), [self.crop.source]))
             self.crop = None
         if self.flip is not None:
-            self.steps.append(Step("flip", dict(self.flip.args), [self.flip.source]))
+            self.emit_flip(self.flip)
             self.flip = None
+
+    def emit_flip(self, op: Op):
+        """A flip right after a resize is the resize's own: its ROI reversed (DALI's resize flips a
+        dimension whose ROI end is before its start), so no separate pass over the images."""
+        last = self.steps[-1]
+        key = "hflip_p" if op.args["horizontal"] else "vflip_p"
+        if last.op == "resize" and key not in last.args:
+            last.args[key] = op.args["p"]
+            last.sources.append(op.source)
+            if "flip fused" not in last.note:
+                last.note = ", ".join(n for n in (last.note, "flip fused (ROI reversed)") if n)
+        else:
+            self.steps.append(Step("flip", dict(op.args), [op.source]))
 
     def antialias(self, op: Op) -> bool:
         # PIL always antialiases when downscaling; ``antialias`` only applies to tensors.
@@ -498,7 +511,7 @@ class _Planner:
                 self.flip = op
             else:
                 self.flush()
-                self.steps.append(Step("flip", dict(op.args), [op.source]))
+                self.emit_flip(op)
 
     def lower(self, transforms: list, per_clip: tuple = ()) -> tuple[list, str]:
         """Plan ``transforms`` in order up to the first one without a lowering (ops of a kind in
