@@ -13,6 +13,8 @@ autocast and channels_last, cross-entropy on the folder's classes. Feeds:
   ``gputransforms-graphnorm``, DALI's graph normalising to float32 instead of compiler/handoff.py):
   ImageFolder + gputransforms.DataLoader with the user's Compose;
 - ``torchvision``: ImageFolder + torch's DataLoader with every core as a worker, pinned, moved;
+- any feed with ``-x2`` (``gputransforms-x2``): two pipelines of it taken in turn (a probe, see
+  ``alternating``);
 - any feed with ``@hi`` (``gputransforms@hi``): the same, with the loop (the loader's iterator and the
   training step) on a CUDA stream of the highest priority, so that the GPU's block scheduler serves
   the model's kernels before DALI's, whose streams have the default (lowest) priority (DALI 2.4 no
@@ -82,6 +84,16 @@ def batches(make):
         for b in loader:
             x, y = b[0], b[1]
             yield x, y.reshape(-1).long()
+
+
+def alternating(make, k: int):
+    """``k`` loaders of the feed, each over the whole set, taken in turn: a probe of whether the
+    loader's throughput beside the model is bound by one pipeline's stages (not a way to train:
+    every image comes k times an epoch)."""
+    sources = [batches(make) for _ in range(k)]
+    while True:
+        for src in sources:
+            yield next(src)
 
 
 def run(step, source, n_images: int, batch_size: int, profile: bool = False, warmup: int = WARMUP) -> dict:
@@ -162,7 +174,10 @@ def feed(name: str, root: str, chain: str, batch_size: int, workers: int, thread
             while True:
                 yield x, y
         return resident()
-    return batches(PIPELINES[name](root, chain, batch_size, workers if name == "torchvision" else threads))
+    base, _, k = name.partition("-x")
+    make = PIPELINES[base if k.isdigit() else name](root, chain, batch_size,
+                                                     workers if name == "torchvision" else threads)
+    return alternating(make, int(k)) if k.isdigit() else batches(make)
 
 
 def main(argv=None):
