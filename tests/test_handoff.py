@@ -34,8 +34,15 @@ CHAINS = {
 
 @pytest.fixture
 def raw_on_cpu(monkeypatch):
-    original = Plan.hands_over_raw
-    monkeypatch.setattr(Plan, "hands_over_raw", lambda self, device: original(self, "gpu"))
+    force_hand_off(monkeypatch, True)
+
+
+_HANDS_OVER_RAW = Plan.hands_over_raw
+
+
+def force_hand_off(monkeypatch, on: bool):
+    """On every device, the hand-off where the GPU would use it (``on``), or nowhere."""
+    monkeypatch.setattr(Plan, "hands_over_raw", lambda self, device: on and _HANDS_OVER_RAW(self, "gpu"))
 
 
 @pytest.fixture
@@ -67,8 +74,7 @@ def test_raw_hand_off_gives_the_graphs_values(photo_folder, name, monkeypatch, h
     normalised = batches(photo_folder, CHAINS[name](), "cpu")
     assert handed_over == [] and "hand-off" not in plan(CHAINS[name]()).explain("cpu")
     assert "hand-off: the graph's raw uint8 pixels" in plan(CHAINS[name]()).explain("gpu")
-    original = Plan.hands_over_raw
-    monkeypatch.setattr(Plan, "hands_over_raw", lambda self, device: original(self, "gpu"))
+    force_hand_off(monkeypatch, True)
     raw = batches(photo_folder, CHAINS[name](), "cpu")
     assert handed_over and set(handed_over) == {torch.uint8}
     assert raw.dtype == normalised.dtype == torch.float32 and raw.shape == normalised.shape
@@ -107,9 +113,8 @@ def test_inference_hands_over_raw_pixels_too(photo_folder, device, monkeypatch):
 
     files = sorted(str(p) for p in photo_folder.rglob("*.jpg"))[:6]
     tf = T.Compose([T.Resize(72), T.CenterCrop(64), T.ToTensor(), T.Normalize(MEAN, STD)])
-    original = Plan.hands_over_raw
-    monkeypatch.setattr(Plan, "hands_over_raw", lambda self, d: False)
+    force_hand_off(monkeypatch, False)
     ref = gputransforms.compile(tf, device=device)(files).cpu()
-    monkeypatch.setattr(Plan, "hands_over_raw", lambda self, d: original(self, "gpu"))
+    force_hand_off(monkeypatch, True)
     raw = gputransforms.compile(tf, device=device)(files).cpu()
     torch.testing.assert_close(raw, ref, atol=2e-6, rtol=1e-6)
