@@ -68,7 +68,7 @@ class CompiledTransform:
 
         self._pipe = build_pipeline(self.plan, None, device=self.device, batch_size=self.max_batch_size,
                                     num_threads=self.num_threads, seed=self.seed, prefetch_queue_depth=1,
-                                    raw_output=handoff.applies(self.plan, self.device))
+                                    raw_output=self.plan.hands_over_raw(self.device))
 
     def _run(self, chunk: list, offset: int) -> list:
         from .compiler.dali import to_torch  # DALI is imported on first use
@@ -86,7 +86,7 @@ class CompiledTransform:
             self._pipe = None  # a DALI pipeline is dead after any error
             raise self._name_failure(chunk, offset, e) from e
         images = to_torch(out[0])
-        if handoff.applies(self.plan, self.device):
+        if self.plan.hands_over_raw(self.device):
             images = handoff.to_float(images, self.plan)
         if isinstance(images, torch.Tensor):
             if self.plan.tail:

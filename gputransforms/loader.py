@@ -317,7 +317,7 @@ class DataLoader(tud.DataLoader):
                                    prefetch_queue_depth=self.prefetch_queue_depth,
                                    hw_decoder_load=self.hw_decoder_load,
                                    jpeg_fancy_upsampling=self.jpeg_fancy_upsampling, checkpoint=checkpoint,
-                                   no_copy=True, raw_output=handoff.applies(self.plan, self.device))
+                                   no_copy=True, raw_output=self.plan.hands_over_raw(self.device))
 
     def _max_batch(self) -> int:
         """The largest batch the index sampler gives (the pipeline's batch size), found before an
@@ -461,7 +461,7 @@ class _CompiledIterator:
         from .compiler.dali import to_torch  # DALI is imported only on the compiled path
 
         self.to_torch = to_torch
-        self.raw = handoff.applies(loader.plan, loader.device)  # the graph hands over raw uint8 pixels
+        self.raw = loader.plan.hands_over_raw(loader.device)  # the graph hands over raw uint8 pixels
         self.scheduled = False
         self.first = True
         self.done = False

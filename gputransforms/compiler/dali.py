@@ -258,7 +258,7 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     a = step.args
     if g.seq and a["layout"] == "HWC" and a["dtype"] == torch.uint8 and "crop" not in a and "mirror_p" not in a:
         return  # raw frames (output_format "THWC"): nothing to do
-    raw = g.raw_output and "raw_fill" in a  # compiler.handoff maps the values
+    raw = g.raw_output  # compiler.handoff maps the values
     kw: dict[str, Any] = dict(dtype=types.UINT8 if raw else _DALI_DTYPE.get(a["dtype"], types.FLOAT),
                               output_layout=("F" if g.seq else "") + a["layout"],
                               mean=[0.0] * 3 if raw else list(a["mean"]), std=[1.0] * 3 if raw else list(a["std"]))
@@ -272,7 +272,7 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
         # torchvision's RandomCrop raises for an image smaller than the crop unless pad_if_needed
         policy = "pad" if crop["pad_if_needed"] else "error"
         kw.update(crop=[float(ch), float(cw)], crop_pos_y=pos_y, crop_pos_x=pos_x, out_of_bounds_policy=policy,
-                  fill_values=list(a["raw_fill"] if raw else crop["fill"]))
+                  fill_values=list(crop["raw_fill"] if raw else crop["fill"]))
         g.h, g.w = ch, cw
     if "mirror_p" in a:
         kw["mirror"] = _coin(a["mirror_p"])
@@ -386,8 +386,10 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     pipeline built with ``checkpoint=`` draws what the saved one would have drawn next. ``no_copy``:
     DALI reads what ``source`` returns (encoded files, clips' frames) where it is, instead of copying
     it in the calling thread; the caller keeps them alive and unchanged until their iteration has run
-    (``feed.PipelineSlot`` keeps the last batches fed). ``raw_output``: where ``plan.affine`` is set,
+    (``feed.PipelineSlot`` keeps the last batches fed). ``raw_output`` (only where ``plan.affine`` is set):
     the graph ends in its raw uint8 pixels, for ``compiler.handoff.to_float``."""
+    if raw_output and plan.affine is None:
+        raise ValueError("raw_output: the plan's float output is no affine map of raw pixels (plan.affine is None)")
     if device == "gpu" and device_id is None:
         device_id = torch.cuda.current_device()
 
@@ -415,8 +417,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
         else:
             encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
                                          no_copy=no_copy)
-        g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded,
-                   raw_output=raw_output and plan.affine is not None)
+        g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded, raw_output=raw_output)
         for step in plan.steps:
             LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
         return g.img

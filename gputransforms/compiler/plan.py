@@ -398,6 +398,8 @@ class _Planner:
         self.tensor = False  # has ToTensor/PILToTensor/ToImage run
         self.dtype = torch.uint8
         self.graph_float = False  # the graph's data became float (a resize of float values)
+        # ((scale), (shift)) of the float32 output from raw uint8 pixels, where it is one (finish())
+        self.affine: Optional[tuple] = None
 
     # values -------------------------------------------------------------------------------------
     def raw_fill(self, fill, op: Op, strict: bool = True):
@@ -548,7 +550,9 @@ class _Planner:
         note = "crop+flip+normalize+layout fused" if len(sources) > 1 else ""
         self.steps.append(Step("crop_mirror_normalize", args, sources, note))
         if self.affine_eligible(args):
-            args["raw_fill"] = [float(round(f)) for f in self.crop_fill_raw] if self.crop is not None else None
+            self.affine = tuple(float(a) for a in self.scale), tuple(float(b) for b in self.shift)
+            if self.crop is not None:  # the raw graph pads with the raw value (a uint8 value here)
+                args["crop"]["raw_fill"] = [float(round(f)) for f in self.crop_fill_raw]
 
     def affine_eligible(self, args: dict) -> bool:
         """Whether the float32 output is a per-channel affine map of raw uint8 pixels, padding included
@@ -559,11 +563,6 @@ class _Planner:
             return all(abs(r - round(r)) <= 1e-3 and 0 <= round(r) <= 255 for r in self.crop_fill_raw)
         return True
 
-    def affine(self) -> Optional[tuple]:
-        last = self.steps[-1].args
-        if "raw_fill" not in last:
-            return None
-        return tuple(float(a) for a in self.scale), tuple(float(b) for b in self.shift)
 
 
 def plan(transform, input: str = "image") -> Plan:
@@ -602,7 +601,7 @@ def plan(transform, input: str = "image") -> Plan:
                     compiled=False)
     last = steps[-1].args
     return Plan(steps=steps, tail=tail, tail_reason=reason, output="tensor" if last["layout"] == "CHW" else "image",
-                out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine())
+                out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine)
 
 
 def _plan_video(transforms: list, layout: str) -> Plan:
@@ -621,7 +620,7 @@ def _plan_video(transforms: list, layout: str) -> Plan:
     last = planner.steps[-1].args
     out_dtype = last["dtype"] if layout == "TCHW" else torch.uint8
     return Plan(steps=planner.steps, tail=tail, tail_reason=reason, output="video", out_dtype=out_dtype,
-                compiled=True, tail_mode="clip", affine=planner.affine() if layout == "TCHW" else None)
+                compiled=True, tail_mode="clip", affine=planner.affine)
 
 
 def explain(transform, device: Optional[str] = None) -> str:
