@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.loader import PIPELINES, _gpu, _sync, gc_collect, make_data
+from benchmarks.loader import _gpu, _sync, gc_collect, make_data, pipeline
 
 SOURCES = ("dali", "nvjpeg", "torch", "copy", "other")
 
@@ -142,7 +142,7 @@ def main(argv=None):
           f"{'torch':>6s} {'copy':>6s} {'kernels':>7s} {'cores':>5s} {'tail ms':>7s}")
     for chain in a.chains.split(","):
         for name in a.pipelines.split(","):
-            r = profile_pipeline(PIPELINES[name](a.root, chain, a.batch_size, a.threads), a.batches, a.warmup)
+            r = profile_pipeline(pipeline(name)(a.root, chain, a.batch_size, a.threads), a.batches, a.warmup)
             rows.append(dict(chain=chain, pipeline=name, batch_size=a.batch_size, **r))
             print(f"{chain:10s} {name:17s} {r['wall_ms']:8.1f} {r['gpu_busy_ms']:8.1f} {r['dali_ms']:6.1f} "
                   f"{r['nvjpeg_ms']:6.1f} {r['torch_ms']:6.1f} {r['copy_ms']:6.1f} {r['kernels']:7.0f} "

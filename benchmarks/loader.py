@@ -243,7 +243,7 @@ class _Moved:
             yield tuple(b.to(self.dev, non_blocking=True) if isinstance(b, torch.Tensor) else b for b in batch)
 
 
-def run_dali_handwritten(root, chain, batch_size, threads):
+def run_dali_handwritten(root, chain, batch_size, threads, hw_decoder_load=0.9):
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -254,7 +254,7 @@ def run_dali_handwritten(root, chain, batch_size, threads):
     def pipe():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain != "eval", name="reader")
         dev = "mixed" if gpu else "cpu"
-        kw = dict(hw_decoder_load=0.9) if gpu else {}
+        kw = dict(hw_decoder_load=hw_decoder_load) if gpu else {}
         if chain != "eval":
             images = fn.decoders.image_random_crop(jpegs, device=dev, output_type=types.RGB, **kw)
             images = fn.resize(images, resize_x=224, resize_y=224)
@@ -464,12 +464,21 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              "gputransforms-q2": lambda *a: run_gputransforms(*a, prefetch_factor=2),
              # DALI's graph normalises and hands over float32 (before compiler/handoff.py): the A/B
              "gputransforms-graphnorm": lambda *a: run_gputransforms(*a, graph_normalizes=True),
-             # the hardware JPEG decoder's share (default 0.9): less of it leaves more to CUDA and the CPU
-             "gputransforms-hw65": lambda *a: run_gputransforms(*a, hw_decoder_load=0.65),
-             "gputransforms-hw100": lambda *a: run_gputransforms(*a, hw_decoder_load=1.0),
              # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
              "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist,
              "gputransforms-userdataset": run_gputransforms_userdataset}
+
+
+def pipeline(name: str):
+    """``PIPELINES[name]``, or ``gputransforms-hwNN``/``dali-handwritten-hwNN``: the hardware JPEG
+    decoder's share at NN% (default 90; less of it leaves more to nvJPEG's CUDA decoder and the CPU
+    threads that parse for it)."""
+    if name in PIPELINES:
+        return PIPELINES[name]
+    base, _, var = name.rpartition("-")
+    if base in ("gputransforms", "dali-handwritten") and var.startswith("hw") and var[2:].isdigit():
+        return lambda *a: PIPELINES[base](*a, hw_decoder_load=int(var[2:]) / 100)
+    raise KeyError(f"no pipeline {name!r}: {', '.join(PIPELINES)}, or gputransforms/dali-handwritten-hwNN")
 
 
 def make_data(root: str, n: int):
@@ -513,7 +522,7 @@ def main(argv=None):
                 n = min(n, 384)
             row = dict(chain=chain, pipeline=name)
             try:
-                row.update(timed(PIPELINES[name](a.root, chain, a.batch_size, threads), n))
+                row.update(timed(pipeline(name)(a.root, chain, a.batch_size, threads), n))
             except Exception as e:  # noqa: BLE001 - one failing pipeline must not hide the others
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
             row["rss_mb"] = _rss_peak_mb()
@@ -548,7 +557,7 @@ def main(argv=None):
             threads = a.workers if name == "torchvision" else a.threads
             row = dict(chain="train-2000px", pipeline=name)
             try:
-                row.update(timed(PIPELINES[name](big_root, "train", a.batch_size, threads), 2 * a.large))
+                row.update(timed(pipeline(name)(big_root, "train", a.batch_size, threads), 2 * a.large))
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
             row["rss_mb"] = _rss_peak_mb()

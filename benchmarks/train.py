@@ -42,8 +42,8 @@ from pathlib import Path
 import torch
 import torchvision
 
-from benchmarks.loader import (PIPELINES, _PeakGpuMemory, _device, _device_mem_used, _gpu, _sync, bar_chart, gc_collect,
-                               make_data)
+from benchmarks.loader import (_PeakGpuMemory, _device, _device_mem_used, _gpu, _sync, bar_chart, gc_collect,
+                               make_data, pipeline)
 
 WARMUP = 10
 
@@ -125,7 +125,9 @@ def run(step, source, n_images: int, batch_size: int, profile: bool = False, war
 
 def kernel_breakdown(step, source, steps: int = 20) -> dict:
     """GPU kernel time per step over ``steps`` steps: the loader's (DALI's and nvJPEG's kernels, by
-    name) and the rest (the model's, and any torch kernels a loader runs on the model's stream)."""
+    name) and the rest (the model's, and any torch kernels a loader runs on the model's stream); and
+    from the kernels' intervals on all streams, the time the GPU runs any kernel (``busy``), the
+    model's and the loader's kernels at the same time (``overlap``) and none (``idle``), per step."""
     from torch.profiler import ProfilerActivity, profile
 
     _sync()
@@ -146,15 +148,52 @@ def kernel_breakdown(step, source, steps: int = 20) -> dict:
         name = e.key.lower()
         if getattr(e, "device_type", None) is not None and "cuda" not in str(e.device_type).lower():
             continue
-        if "dali" in name or "nvjpeg" in name or "nvimgcodec" in name:
+        if _is_loader_kernel(name):
             loader_us += us
             top[e.key[:80]] = top.get(e.key[:80], 0.0) + us
         else:
             model_us += us
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:5]
-    return dict(wall_ms_per_step=1000 * wall / steps, model_kernels_ms_per_step=model_us / 1000 / steps,
-                loader_kernels_ms_per_step=loader_us / 1000 / steps,
-                loader_top=[(k, round(v / 1000 / steps, 3)) for k, v in busiest])
+    out = dict(wall_ms_per_step=1000 * wall / steps, model_kernels_ms_per_step=model_us / 1000 / steps,
+               loader_kernels_ms_per_step=loader_us / 1000 / steps,
+               loader_top=[(k, round(v / 1000 / steps, 3)) for k, v in busiest])
+    out.update(timeline(prof.events(), steps))
+    return out
+
+
+def _is_loader_kernel(name: str) -> bool:
+    return "dali" in name or "nvjpeg" in name or "nvimgcodec" in name
+
+
+def timeline(events, steps: int) -> dict:
+    """Per step, from the kernels' (start, end) on every stream: the GPU running any kernel, the
+    model's and the loader's at the same time, and the loader's kernel launches."""
+    model, loader = [], []
+    for e in events:
+        if "cuda" not in str(getattr(e, "device_type", "")).lower():
+            continue
+        name = e.name.lower()
+        if name.startswith(("memcpy", "memset")):
+            continue
+        (loader if _is_loader_kernel(name) else model).append((e.time_range.start, e.time_range.end))
+    if not model and not loader:
+        return {}
+    busy_m, busy_l, busy = _union(model), _union(loader), _union(model + loader)
+    span = max(end for _, end in model + loader) - min(start for start, _ in model + loader)
+    per = lambda us: round(us / 1000 / steps, 3)  # noqa: E731
+    return dict(gpu_span_ms_per_step=per(span), busy_ms_per_step=per(busy), idle_ms_per_step=per(span - busy),
+                model_busy_ms_per_step=per(busy_m), loader_busy_ms_per_step=per(busy_l),
+                overlap_ms_per_step=per(busy_m + busy_l - busy), loader_launches_per_step=round(len(loader) / steps, 1))
+
+
+def _union(intervals: list) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
 
 
 def on_stream(where: str, dev):
@@ -175,7 +214,7 @@ def feed(name: str, root: str, chain: str, batch_size: int, workers: int, thread
                 yield x, y
         return resident()
     base, _, k = name.partition("-x")
-    make = PIPELINES[base if k.isdigit() else name](root, chain, batch_size,
+    make = pipeline(base if k.isdigit() else name)(root, chain, batch_size,
                                                      workers if name == "torchvision" else threads)
     return alternating(make, int(k)) if k.isdigit() else batches(make)
 
