@@ -243,14 +243,14 @@ class _Moved:
             yield tuple(b.to(self.dev, non_blocking=True) if isinstance(b, torch.Tensor) else b for b in batch)
 
 
-def run_dali_handwritten(root, chain, batch_size, threads, hw_decoder_load=0.9):
+def run_dali_handwritten(root, chain, batch_size, threads, hw_decoder_load=0.9, prefetch_queue_depth=2):
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     gpu = _gpu()
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1,
-                  prefetch_queue_depth=2, enable_conditionals=chain in ("ta_wide", "ta_wide_mixup", "simclr", "timm_ra"))
+                  prefetch_queue_depth=prefetch_queue_depth, enable_conditionals=chain in ("ta_wide", "ta_wide_mixup", "simclr", "timm_ra"))
     def pipe():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain != "eval", name="reader")
         dev = "mixed" if gpu else "cpu"
@@ -338,7 +338,8 @@ def run_dali_experimental(root, chain, batch_size, _threads, limit=512):
     return make
 
 
-def run_gputransforms(root, chain, batch_size, threads, graph_normalizes=False, **loader_kwargs):
+def run_gputransforms(root, chain, batch_size, threads, graph_normalizes=False, files_in_memory=False,
+                      switch_interval=None, **loader_kwargs):
     from gputransforms import DataLoader, datasets
     from gputransforms import transforms as T
 
@@ -348,6 +349,15 @@ def run_gputransforms(root, chain, batch_size, threads, graph_normalizes=False, 
                         collate_fn=collate_for(chain, root), **loader_kwargs)
         if graph_normalizes and dl.plan is not None:  # the A/B of compiler/handoff.py: float32 out of DALI
             dl.plan.affine = None
+        if files_in_memory:  # a probe: every file read and checked once, the reader threads only look up
+            samples = dl._files
+            read = samples.reader(gpu=_gpu(), check_jpeg_scan=False)
+            cache = {i: read(i) for i in range(len(ds))}
+            samples.reader = lambda **_: cache.__getitem__
+        if switch_interval is not None:  # a probe: the GIL handed between threads more often
+            import sys
+
+            sys.setswitchinterval(switch_interval)
         return dl
 
     return make
@@ -460,25 +470,31 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              "dali-experimental-tv": run_dali_experimental, "gputransforms": run_gputransforms,
              # libjpeg-turbo's chroma upsampling on the GPU: closer to PIL, slower
              "gputransforms-fancy-ups": lambda *a: run_gputransforms(*a, jpeg_fancy_upsampling=True),
-             # two batches in flight instead of four: less device memory (benchmarks/train.py)
-             "gputransforms-q2": lambda *a: run_gputransforms(*a, prefetch_factor=2),
              # DALI's graph normalises and hands over float32 (before compiler/handoff.py): the A/B
              "gputransforms-graphnorm": lambda *a: run_gputransforms(*a, graph_normalizes=True),
+             # probes of the reader threads' share of the GIL beside a training loop (benchmarks/train.py)
+             "gputransforms-inmemory": lambda *a: run_gputransforms(*a, files_in_memory=True),
+             "gputransforms-switch1ms": lambda *a: run_gputransforms(*a, switch_interval=0.001),
              # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
              "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist,
              "gputransforms-userdataset": run_gputransforms_userdataset}
 
 
 def pipeline(name: str):
-    """``PIPELINES[name]``, or ``gputransforms-hwNN``/``dali-handwritten-hwNN``: the hardware JPEG
-    decoder's share at NN% (default 90; less of it leaves more to nvJPEG's CUDA decoder and the CPU
-    threads that parse for it)."""
+    """``PIPELINES[name]``, or a variant of gputransforms/dali-handwritten by suffix: ``-hwNN``, the
+    hardware JPEG decoder's share at NN% (default 90; less of it leaves more to nvJPEG's CUDA decoder
+    and the CPU threads that parse for it); ``-qN``, N batches prepared ahead (gputransforms'
+    prefetch_factor, default 4; hand-written DALI's prefetch_queue_depth, default 2)."""
     if name in PIPELINES:
         return PIPELINES[name]
     base, _, var = name.rpartition("-")
-    if base in ("gputransforms", "dali-handwritten") and var.startswith("hw") and var[2:].isdigit():
-        return lambda *a: PIPELINES[base](*a, hw_decoder_load=int(var[2:]) / 100)
-    raise KeyError(f"no pipeline {name!r}: {', '.join(PIPELINES)}, or gputransforms/dali-handwritten-hwNN")
+    if base in ("gputransforms", "dali-handwritten"):
+        if var.startswith("hw") and var[2:].isdigit():
+            return lambda *a: PIPELINES[base](*a, hw_decoder_load=int(var[2:]) / 100)
+        if var.startswith("q") and var[1:].isdigit():
+            kw = "prefetch_factor" if base == "gputransforms" else "prefetch_queue_depth"
+            return lambda *a: PIPELINES[base](*a, **{kw: int(var[1:])})
+    raise KeyError(f"no pipeline {name!r}: {', '.join(PIPELINES)}, or gputransforms/dali-handwritten-hwNN/-qN")
 
 
 def make_data(root: str, n: int):

@@ -9,9 +9,11 @@ autocast and channels_last, cross-entropy on the folder's classes. Feeds:
 - ``model``: the model alone on one resident batch (the ceiling);
 - ``dali-handwritten``: benchmarks/loader.py's hand-written DALI pipeline (for ta_wide: DALI's own
   TrivialAugmentWide, without RandomErasing);
-- ``gputransforms`` (and ``gputransforms-q2``, two batches prepared ahead instead of four;
-  ``gputransforms-graphnorm``, DALI's graph normalising to float32 instead of compiler/handoff.py):
-  ImageFolder + gputransforms.DataLoader with the user's Compose;
+- ``gputransforms``: ImageFolder + gputransforms.DataLoader with the user's Compose; and its probes
+  (``benchmarks.loader.pipeline``): ``-qN`` (N batches prepared ahead), ``-hwNN`` (the hardware JPEG
+  decoder's share), ``gputransforms-graphnorm`` (DALI's graph normalising to float32 instead of
+  compiler/handoff.py), ``gputransforms-inmemory`` (files read and checked beforehand),
+  ``gputransforms-switch1ms`` (the GIL's switch interval at 1 ms, for the rest of the process);
 - ``torchvision``: ImageFolder + torch's DataLoader with every core as a worker, pinned, moved;
 - any feed with ``-x2`` (``gputransforms-x2``): two pipelines of it taken in turn (a probe, see
   ``alternating``);
@@ -28,7 +30,9 @@ process's CPU seconds per 1,000 images (all its threads; torchvision's workers a
 the host time spent waiting in ``next()``, and the main thread's own CPU time per step, in ``next()``
 and in the training step (a loop whose main thread is busy for the whole step is bound by the host,
 whatever the GPU does). ``--profile`` adds a breakdown from torch.profiler:
-GPU kernel time per step, the model's against the loader's (DALI and nvJPEG kernels by name).
+GPU kernel time per step, the model's against the loader's (DALI and nvJPEG kernels by name), and
+from the kernels' intervals on every stream the time the GPU runs any kernel, none (idle), and the
+loader's beside the model's.
 """
 from __future__ import annotations
 
