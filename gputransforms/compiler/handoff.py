@@ -8,8 +8,8 @@ batch the loop holds in torch's; as uint8 those queued batches take a quarter of
 as much. The values are torchvision's to float32 rounding: ``(x / 255 - mean) / std`` is computed
 as ``x * (1 / (255 std)) - mean / std`` (within 1e-6 of crop_mirror_normalize's own arithmetic).
 
-Where it applies: ``Plan.hands_over_raw``. On the CPU the graph's threads normalize as before (there the hand-off would move the work onto
-the main thread)."""
+Where it applies: ``Plan.hands_over_raw``. On the CPU the graph's threads normalize as before
+(there the hand-off would move the work onto the main thread)."""
 from __future__ import annotations
 
 import functools

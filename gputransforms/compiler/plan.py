@@ -414,7 +414,7 @@ class _Planner:
         uint8 value on uint8 data."""
         if self.graph_float:
             return [float(r) for r in raw]
-        if any(abs(r - round(r)) > 1e-3 or not 0 <= round(r) <= 255 for r in raw):
+        if not _are_uint8_values(raw):
             raise NotLowerable(f"{type(op.source).__name__}: fill {tuple(op.args['fill'])} after a value change")
         return [float(round(r)) for r in raw]
 
@@ -560,9 +560,13 @@ class _Planner:
         if self.graph_float or args["dtype"] != torch.float32 or not args["layout"].endswith("CHW"):
             return False
         if self.crop is not None and self.crop.args["pad_if_needed"]:
-            return all(abs(r - round(r)) <= 1e-3 and 0 <= round(r) <= 255 for r in self.crop_fill_raw)
+            return _are_uint8_values(self.crop_fill_raw)
         return True
 
+
+def _are_uint8_values(raw: list) -> bool:
+    """Whether raw values are uint8 values (integers in 0..255, within float rounding)."""
+    return all(abs(r - round(r)) <= 1e-3 and 0 <= round(r) <= 255 for r in raw)
 
 
 def plan(transform, input: str = "image") -> Plan:
