@@ -20,7 +20,14 @@ autocast and channels_last, cross-entropy on the folder's classes. Feeds:
 - any feed with ``@hi`` (``gputransforms@hi``): the same, with the loop (the loader's iterator and the
   training step) on a CUDA stream of the highest priority, so that the GPU's block scheduler serves
   the model's kernels before DALI's, whose streams have the default (lowest) priority (DALI 2.4 no
-  longer lets a pipeline choose its streams' priority).
+  longer lets a pipeline choose its streams' priority); ``@side``: on a non-blocking stream of the
+  default priority instead of the legacy default stream.
+
+Models are torchvision's by name; ``resnet18:graph`` (the step captured in one CUDA graph: the same
+GPU work, one launch a step) and ``resnet18:tiny`` (the eager step on a resident 8x64x64 batch: about
+the same launches, little GPU work) are probes of whether a loader beside the model is held back by
+the GPU or by the host. ``--mark FILE`` touches FILE when the warm-up ends, for tracers outside the
+process (``benchmarks/probes/``).
 
 Each figure is img/s over ``--images`` images after 10 warm-up steps, epochs restarting as a training
 loop's would. Reported beside it: the fraction of the model alone, the device memory the run takes
@@ -64,7 +71,16 @@ def release():
         backend.ReleaseUnusedMemory()
 
 
-def make_model(name: str, classes: int, dev):
+def make_model(name: str, classes: int, dev, batch_size: int = 256):
+    """The training step of torchvision model ``name``; a suffix makes a probe of what bounds a
+    loader beside it: ``:graph``, the same step captured once in a CUDA graph and replayed (the same
+    GPU work, one launch a step from the host); ``:tiny``, the same eager step on a resident batch
+    of 8 at 64x64 whatever the loader gives (about the same launches from the host, little GPU work)."""
+    name, _, mode = name.partition(":")
+    if mode not in ("", "graph", "tiny"):
+        raise ValueError(f"model suffix :{mode}: only :graph or :tiny")
+    if mode == "graph" and dev.type != "cuda":
+        raise ValueError("model suffix :graph: a CUDA graph needs a CUDA device")
     model = getattr(torchvision.models, name)(num_classes=classes).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -78,7 +94,43 @@ def make_model(name: str, classes: int, dev):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    if mode == "tiny":
+        tx = torch.randn(8, 3, 64, 64, device=dev)
+        ty = torch.randint(0, classes, (8,), device=dev)
+        return lambda x, y: step(tx, ty)
+    if mode == "graph":
+        return _graphed(model, opt, loss_fn, dtype, step, classes, dev, batch_size)
     return step
+
+
+def _graphed(model, opt, loss_fn, dtype, step, classes: int, dev, batch_size: int):
+    """The whole training step captured in one CUDA graph (torch's documented whole-network
+    capture); each step copies the batch into the graph's input and replays it (an epoch's partial
+    last batch takes the eager step)."""
+    sx = torch.randn(batch_size, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
+    sy = torch.randint(0, classes, (batch_size,), device=dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(sx, sy)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        with torch.autocast(dev.type, dtype=dtype, cache_enabled=False):
+            loss = loss_fn(model(sx), sy)
+        loss.backward()
+        opt.step()
+
+    def replay(x, y):
+        if len(x) != batch_size:
+            return step(x, y)
+        sx.copy_(x)
+        sy.copy_(y)
+        graph.replay()
+
+    return replay
 
 
 def batches(make):
@@ -100,10 +152,13 @@ def alternating(make, k: int):
             yield next(src)
 
 
-def run(step, source, n_images: int, batch_size: int, profile: bool = False, warmup: int = WARMUP) -> dict:
+def run(step, source, n_images: int, batch_size: int, profile: bool = False, warmup: int = WARMUP,
+        mark: str = "") -> dict:
     for _ in range(warmup):
         step(*next(source))
     _sync()
+    if mark:  # for a tracer outside (e.g. an LD_PRELOAD library) to drop what came before
+        Path(mark).touch()
     t0, cpu0 = time.perf_counter(), time.process_time()
     counted, waited, steps = 0, 0.0, 0
     next_cpu = step_cpu = 0.0  # the main thread's own CPU time, in next() and in the step
@@ -201,11 +256,13 @@ def _union(intervals: list) -> float:
 
 
 def on_stream(where: str, dev):
-    """The context a feed runs in: ``hi``, a CUDA stream of the highest priority; else the current one."""
-    if where == "hi" and dev.type == "cuda":
-        return torch.cuda.stream(torch.cuda.Stream(dev, priority=-100))  # clamped to the highest
-    if where not in ("", "hi"):
-        raise ValueError(f"feed suffix @{where}: only @hi")
+    """The context a feed runs in: ``hi``, a CUDA stream of the highest priority; ``side``, one of the
+    default priority (a probe: unlike the legacy default stream the loop uses otherwise, torch's
+    streams do not wait for other libraries' blocking streams); else the current one."""
+    if where in ("hi", "side") and dev.type == "cuda":
+        return torch.cuda.stream(torch.cuda.Stream(dev, priority=-100 if where == "hi" else 0))  # -100: the highest
+    if where not in ("", "hi", "side"):
+        raise ValueError(f"feed suffix @{where}: only @hi or @side")
     return contextlib.nullcontext()
 
 
@@ -237,6 +294,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="steps before timing")
+    ap.add_argument("--mark", default="", metavar="FILE", help="touch FILE when the warm-up ends (for outside tracers)")
     ap.add_argument("--out", default="bench-out/train")
     a = ap.parse_args(argv)
     if a.make_data and not Path(a.root).exists():
@@ -247,7 +305,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for model_name in a.models.split(","):
-        step = make_model(model_name, classes, dev)
+        step = make_model(model_name, classes, dev, a.batch_size)
         for chain in a.chains.split(","):
             alone = None
             base_mem = base_torch = 0
@@ -264,7 +322,7 @@ def main(argv=None):
                     n = a.torchvision_images if base == "torchvision" and a.torchvision_images else a.images
                     with on_stream(where, dev):
                         row.update(run(step, feed(base, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes),
-                                       n, a.batch_size, a.profile and base != "torchvision", a.warmup))
+                                       n, a.batch_size, a.profile and base != "torchvision", a.warmup, a.mark))
                     row["mem_mb"] = (max(mem.peak, _device_mem_used()) - mem.base) / 2**20
                     # of it, torch's caching allocator's peak (the model's tensors, and the batches
                     # the loop holds); the rest is DALI's pools and libraries

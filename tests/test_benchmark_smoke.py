@@ -1,9 +1,12 @@
 """The benchmark runs end to end on a tiny folder (timings are not checked: they belong to
 benchmarks, not tests), so it cannot rot."""
 import json
+import os
 import subprocess
 import sys
 
+import pytest
+import torch
 from conftest import ROOT
 
 
@@ -39,6 +42,35 @@ def test_train_benchmark_runs(indexed_folder, tmp_path):
     assert rows["model"]["of_model"] == 1.0
 
 
+@pytest.mark.parametrize("mode", ["tiny", pytest.param("graph", marks=pytest.mark.gpu)])
+def test_train_benchmark_model_probes(indexed_folder, tmp_path, mode):
+    """The probes of what bounds a loader beside the model: the step on a tiny resident batch, and
+    the step captured in a CUDA graph (a partial last batch takes the eager step)."""
+    out = tmp_path / "train"
+    mark = tmp_path / "warm"
+    cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", f"mobilenet_v3_small:{mode}",
+           "--chains", "train", "--feeds", "model,gputransforms", "--batch-size", "4", "--images", "12",
+           "--warmup", "1", "--threads", "1", "--mark", str(mark), "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["feed"]: r for r in json.loads((out / "train.json").read_text())["rows"]}
+    assert set(rows) == {"model", "gputransforms"}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["images"] >= 12 and r["model"] == f"mobilenet_v3_small:{mode}"
+    assert mark.exists()
+
+
+def test_train_benchmark_rejects_unknown_probe():
+    from benchmarks.train import make_model
+
+    with pytest.raises(ValueError, match="only :graph or :tiny"):
+        make_model("resnet18:fast", 2, torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            make_model("resnet18:graph", 2, torch.device("cpu"))
+
+
 def test_gpu_time_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "gpu_time"
     cmd = [sys.executable, "-m", "benchmarks.gpu_time", str(indexed_folder), "--chains", "simclr", "--batches", "2",
@@ -49,3 +81,21 @@ def test_gpu_time_benchmark_runs(indexed_folder, tmp_path):
     assert set(rows) == {"dali-handwritten", "gputransforms"}
     assert all(r["wall_ms"] > 0 and r["cpu_cores"] > 0 for r in rows.values())
     assert rows["gputransforms"]["tail_ms"] > 0 and rows["dali-handwritten"]["tail_ms"] == 0  # simclr's jitter is in the tail
+
+
+def test_probes_build_and_stay_out_of_the_way(tmp_path):
+    """benchmarks/probes' LD_PRELOAD libraries (#15's measurements) compile, and a process that
+    loads them runs as before; without a GPU they see no driver call, so the tracer writes nothing."""
+    probes = ROOT / "benchmarks" / "probes"
+    for name, libs in (("cuda_sync_trace", ["-ldl", "-lpthread"]), ("cuda_priority", ["-ldl"])):
+        so = tmp_path / f"{name}.so"
+        res = subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(so), str(probes / f"{name}.c"), *libs],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        out = tmp_path / f"{name}.tsv"
+        env = dict(os.environ, LD_PRELOAD=str(so), SYNC_OUT=str(out), PRIO_LOG="1")
+        res = subprocess.run([sys.executable, "-c", "import torch; x = torch.ones(3) * 2; print(int(x.sum()))"],
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert res.returncode == 0 and res.stdout.strip() == "6", res.stderr[-2000:]
+        if not torch.cuda.is_available():
+            assert not out.exists() and "[prio]" not in res.stderr
