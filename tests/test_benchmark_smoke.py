@@ -99,3 +99,18 @@ def test_probes_build_and_stay_out_of_the_way(tmp_path):
         assert res.returncode == 0 and res.stdout.strip() == "6", res.stderr[-2000:]
         if not torch.cuda.is_available():
             assert not out.exists() and "[prio]" not in res.stderr
+
+
+@pytest.mark.gpu
+def test_decoders_beside_model_probe_runs(indexed_folder, tmp_path):
+    out = tmp_path / "dec.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "probes" / "decoders_beside_model.py"), str(indexed_folder),
+           "--seconds", "1", "--batch-size", "4", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"none", "dali", "torchvision"}
+    assert rows["none"]["model_img_s"] > 0
+    for name in ("dali", "torchvision"):
+        assert rows[name]["decoder_alone_img_s"] > 0 and rows[name]["decoder_beside_img_s"] > 0
+        assert rows[name]["model_beside_img_s"] > 0
