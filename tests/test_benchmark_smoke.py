@@ -104,8 +104,7 @@ def test_probes_build_and_stay_out_of_the_way(tmp_path):
 @pytest.mark.gpu
 def test_decoders_beside_model_probe_runs(indexed_folder, tmp_path):
     out = tmp_path / "dec.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "probes" / "decoders_beside_model.py"), str(indexed_folder),
-           "--seconds", "1", "--batch-size", "4", "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.probes.decoders_beside_model", str(indexed_folder), "--seconds", "1", "--batch-size", "4", "--out", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["decoder"]: r for r in json.loads(out.read_text())["rows"]}

@@ -17,8 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef void *P;
-
 #define NFN 24
 #define NLIB 32
 static const char *fn_names[NFN];
@@ -71,39 +69,32 @@ static void dump(void) {
 
 __attribute__((constructor)) static void init(void) { atexit(dump); }
 
-/* one wrapper per call: W0 (no args) .. W3 */
-#define W1(idx, name, T1) \
-  static CUresult (*r_##name)(T1); \
-  static CUresult w_##name(T1 a) { u64 t = now(); CUresult r = r_##name(a); account(idx, __builtin_return_address(0), t); return r; }
-#define W0(idx, name) \
-  static CUresult (*r_##name)(void); \
-  static CUresult w_##name(void) { u64 t = now(); CUresult r = r_##name(); account(idx, __builtin_return_address(0), t); return r; }
-#define W2(idx, name, T1, T2) \
-  static CUresult (*r_##name)(T1, T2); \
-  static CUresult w_##name(T1 a, T2 b) { u64 t = now(); CUresult r = r_##name(a, b); account(idx, __builtin_return_address(0), t); return r; }
-#define W3(idx, name, T1, T2, T3) \
-  static CUresult (*r_##name)(T1, T2, T3); \
-  static CUresult w_##name(T1 a, T2 b, T3 c) { u64 t = now(); CUresult r = r_##name(a, b, c); account(idx, __builtin_return_address(0), t); return r; }
+/* one timed pass-through wrapper per call, with six integer arguments: under the x86-64 SysV ABI
+ * a callee with fewer (integer or pointer) arguments ignores the extra registers */
+#define W(idx, name) \
+  static CUresult (*r_##name)(u64, u64, u64, u64, u64, u64); \
+  static CUresult w_##name(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f) { \
+    u64 t = now(); CUresult r = r_##name(a, b, c, d, e, f); account(idx, __builtin_return_address(0), t); return r; }
 
-W0(0, cuCtxSynchronize)
-W1(1, cuStreamSynchronize, P)
-W1(2, cuEventSynchronize, P)
-W1(3, cuMemFree, u64)
-W1(4, cuMemFreeHost, P)
-W2(5, cuMemAlloc, P, size_t)
-W3(6, cuMemHostAlloc, P, size_t, unsigned)
-W2(7, cuMemAllocHost, P, size_t)
-W3(8, cuMemcpyHtoD, u64, P, size_t)
-W3(9, cuMemcpyDtoH, P, u64, size_t)
-W3(10, cuMemcpy, u64, u64, size_t)
-W3(11, cuMemsetD8, u64, unsigned char, size_t)
-W3(12, cuMemHostRegister, P, size_t, unsigned)
-W1(13, cuMemHostUnregister, P)
-W1(14, cuStreamQuery, P)
-W1(15, cuEventQuery, P)
-W3(16, cuMemcpyDtoD, u64, u64, size_t)
-W1(17, cuModuleUnload, P)
-W1(18, cuArrayDestroy, P)
+W(0, cuCtxSynchronize)
+W(1, cuStreamSynchronize)
+W(2, cuEventSynchronize)
+W(3, cuMemFree)
+W(4, cuMemFreeHost)
+W(5, cuMemAlloc)
+W(6, cuMemHostAlloc)
+W(7, cuMemAllocHost)
+W(8, cuMemcpyHtoD)
+W(9, cuMemcpyDtoH)
+W(10, cuMemcpy)
+W(11, cuMemsetD8)
+W(12, cuMemHostRegister)
+W(13, cuMemHostUnregister)
+W(14, cuStreamQuery)
+W(15, cuEventQuery)
+W(16, cuMemcpyDtoD)
+W(17, cuModuleUnload)
+W(18, cuArrayDestroy)
 
 
 /* context calls: pass-through with 6 integer arguments (SysV: harmless for fewer), logging each
@@ -156,8 +147,8 @@ static void *probe_substitute(const char *sym, void *fn) {
   for (unsigned i = 0; i < sizeof table / sizeof table[0]; i++) {
     if (strcmp(base, table[i].sym) == 0) {
       fn_names[table[i].idx] = table[i].sym;
-      if (*table[i].real && *table[i].real != fn && !per_thread) return fn; /* keep the first */
-      if (per_thread) return fn; /* per-thread variants: leave unwrapped (one real pointer per wrapper) */
+      /* one real pointer per wrapper: the first version asked for; per-thread variants stay unwrapped */
+      if (per_thread || (*table[i].real && *table[i].real != fn)) return fn;
       *table[i].real = fn;
       return table[i].wrap;
     }

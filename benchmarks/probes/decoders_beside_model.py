@@ -1,11 +1,11 @@
 """Probe (#15): JPEG decoders on the GPU beside a training model, each alone and beside it.
 
-    python benchmarks/probes/decoders_beside_model.py ROOT [--seconds 8] [--batch-size 256] [--out FILE]
+    python -m benchmarks.probes.decoders_beside_model ROOT [--seconds 8] [--batch-size 256] [--out FILE]
 
 Decoders (decode only, no resize): DALI's mixed decoder (fn.readers.file -> fn.decoders.image,
 8 threads, hw_decoder_load 0.9) and torchvision's batched ``decode_jpeg(device="cuda")`` on a stream
-of its own; each runs in a thread, free-running, while the main thread runs an eager ResNet-18
-training step (bf16 autocast, channels_last) on a resident batch, also free-running. Reported:
+of its own; each runs in a thread, free-running, while the main thread runs benchmarks/train.py's
+eager ResNet-18 training step on a resident batch, also free-running. Reported:
 img/s of the decoder alone, and of both side by side (a loader and a model that do not wait for
 each other: what each gets of the GPU). Needs a CUDA device."""
 from __future__ import annotations
@@ -21,20 +21,7 @@ import torch
 import torchvision
 from torchvision.io import decode_jpeg, read_file
 
-
-def model_step(batch_size: int, classes: int, dev):
-    model = torchvision.models.resnet18(num_classes=classes).to(dev).to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch_size, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, classes, (batch_size,), device=dev)
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
+from benchmarks.train import make_model
 
 
 def dali_decoder(root: str, batch_size: int, threads: int = 8):
@@ -70,9 +57,9 @@ def torchvision_decoder(files: list, batch_size: int):
     return one
 
 
-def measure(seconds: float, decode=None, step=None) -> tuple[float, float]:
-    """(model img/s, decoder img/s) over ``seconds``, each free-running (the model's step in this
-    thread, the decoder in another)."""
+def measure(seconds: float, decode=None, step=None, batch_size: int = 0) -> tuple[float, float]:
+    """(model img/s, decoder img/s) over ``seconds``, each free-running (the model's step, on its
+    ``batch_size`` images, in this thread; the decoder in another)."""
     stop, count = threading.Event(), [0]
     for _ in range(3):  # warm-up
         if decode:
@@ -101,7 +88,7 @@ def measure(seconds: float, decode=None, step=None) -> tuple[float, float]:
     stop.set()
     if worker:
         worker.join()
-    return steps * step.batch_size / elapsed if step else 0.0, count[0] / elapsed
+    return steps * batch_size / elapsed, count[0] / elapsed
 
 
 def main(argv=None):
@@ -117,16 +104,20 @@ def main(argv=None):
     dev = torch.device("cuda", torch.cuda.current_device())
     files = sorted(glob.glob(os.path.join(a.root, "*", "*")))
     classes = len(torchvision.datasets.folder.find_classes(a.root)[0])
-    step = model_step(a.batch_size, classes, dev)
-    step.batch_size = a.batch_size
-    alone = measure(a.seconds, step=step)[0]
+    train_step = make_model("resnet18", classes, dev, a.batch_size)
+    x = torch.randn(a.batch_size, 3, 224, 224, device=dev)
+    y = torch.randint(0, classes, (a.batch_size,), device=dev)
+
+    def step():
+        train_step(x, y)
+    alone = measure(a.seconds, step=step, batch_size=a.batch_size)[0]
     rows = [dict(decoder="none", model_img_s=alone)]
     print(f"model alone: {alone:.0f} img/s", flush=True)
     for name, make in (("dali", lambda: dali_decoder(a.root, a.batch_size)),
                        ("torchvision", lambda: torchvision_decoder(files[:a.files], a.batch_size))):
         decode = make()
         dec_alone = measure(a.seconds, decode=decode)[1]
-        m, d = measure(a.seconds, decode=decode, step=step)
+        m, d = measure(a.seconds, decode=decode, step=step, batch_size=a.batch_size)
         rows.append(dict(decoder=name, decoder_alone_img_s=dec_alone, decoder_beside_img_s=d, model_beside_img_s=m,
                          decoder_kept=d / dec_alone, model_kept=m / alone))
         print(f"{name}: decoder alone {dec_alone:.0f} img/s; beside the model: decoder {d:.0f} ({d / dec_alone:.2f}), "
