@@ -243,21 +243,29 @@ class _Moved:
             yield tuple(b.to(self.dev, non_blocking=True) if isinstance(b, torch.Tensor) else b for b in batch)
 
 
-def run_dali_handwritten(root, chain, batch_size, threads, hw_decoder_load=0.9, prefetch_queue_depth=2):
+def run_dali_handwritten(root, chain, batch_size, threads, hw_decoder_load=0.9, prefetch_queue_depth=2,
+                         cpu_decode_share=0.0):
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     gpu = _gpu()
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1,
-                  prefetch_queue_depth=prefetch_queue_depth, enable_conditionals=chain in ("ta_wide", "ta_wide_mixup", "simclr", "timm_ra"))
+                  prefetch_queue_depth=prefetch_queue_depth,
+                  enable_conditionals=bool(cpu_decode_share) or chain in ("ta_wide", "ta_wide_mixup", "simclr", "timm_ra"))
     def pipe():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=chain != "eval", name="reader")
         dev = "mixed" if gpu else "cpu"
         kw = dict(hw_decoder_load=hw_decoder_load) if gpu else {}
         if chain != "eval":
-            images = fn.decoders.image_random_crop(jpegs, device=dev, output_type=types.RGB, **kw)
-            images = fn.resize(images, resize_x=224, resize_y=224)
+            if cpu_decode_share and fn.random.coin_flip(probability=cpu_decode_share, dtype=types.BOOL):
+                # a share of the images decoded and resized by the CPU threads (-cpuNN)
+                images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+                images = fn.resize(images, resize_x=224, resize_y=224)
+                images = images.gpu() if gpu else images
+            else:
+                images = fn.decoders.image_random_crop(jpegs, device=dev, output_type=types.RGB, **kw)
+                images = fn.resize(images, resize_x=224, resize_y=224)
             mirror = fn.random.coin_flip()
             crop = {}
             if chain.startswith("ta_wide"):  # DALI's own TrivialAugmentWide (its ops, not torchvision's)
@@ -491,6 +499,8 @@ def pipeline(name: str):
     if base in ("gputransforms", "dali-handwritten"):
         if var.startswith("hw") and var[2:].isdigit():
             return lambda *a: PIPELINES[base](*a, hw_decoder_load=int(var[2:]) / 100)
+        if var.startswith("cpu") and var[3:].isdigit():
+            return lambda *a: PIPELINES[base](*a, cpu_decode_share=int(var[3:]) / 100)
         if var.startswith("q") and var[1:].isdigit():
             kw = "prefetch_factor" if base == "gputransforms" else "prefetch_queue_depth"
             return lambda *a: PIPELINES[base](*a, **{kw: int(var[1:])})

@@ -2,7 +2,11 @@
 
     from gputransforms import datasets, transforms, DataLoader
 """
-from . import datasets, transforms
+from .device import widen_cuda_connections
+
+widen_cuda_connections()  # before anything can start CUDA in this process: device.py says why
+
+from . import datasets, transforms  # noqa: E402
 from .compiler import explain, plan
 from .files import BadSampleError
 from .inference import CompiledTransform, compile  # noqa: A004 - gputransforms.compile, as the issue names it

@@ -24,8 +24,8 @@ from . import files, integrations, state
 from .compiler import handoff, tail
 from .compiler.plan import TO_TENSOR, Plan, plan as make_plan
 from .datasets.adapters import FileSamples, NotCompilable, resolve
-from .device import (dali_available, default_device, default_threads, rank_tag, resolve as resolve_device,
-                     to_device, torch_device)
+from .device import (cuda_connections_note, dali_available, default_device, default_threads, rank_tag,
+                     resolve as resolve_device, to_device, torch_device)
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed
 
 __all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning", "dali_available",
@@ -249,6 +249,8 @@ class DataLoader(tud.DataLoader):
                     lines.append("what num_workers=0 would run instead:")
                 lines.append(self.plan.explain(self.device))
             return "\n".join(lines)
+        if self.device == "gpu" and cuda_connections_note():
+            head += f"\n  {cuda_connections_note()}"
         return head + "\n" + self.plan.explain(self.device)
 
     # iteration ------------------------------------------------------------------------------------
