@@ -492,19 +492,24 @@ def pipeline(name: str):
     """``PIPELINES[name]``, or a variant of gputransforms/dali-handwritten by suffix: ``-hwNN``, the
     hardware JPEG decoder's share at NN% (default 90; less of it leaves more to nvJPEG's CUDA decoder
     and the CPU threads that parse for it); ``-qN``, N batches prepared ahead (gputransforms'
-    prefetch_factor, default 4; hand-written DALI's prefetch_queue_depth, default 2)."""
+    prefetch_factor, default 4; hand-written DALI's prefetch_queue_depth, default 2); and for
+    dali-handwritten ``-cpuNN``, NN% of the images (a coin per image) decoded and resized by DALI's CPU
+    operators in a conditional (a probe of CPU decoders beside the GPU's, README "Training end to
+    end": it loses; a batch whose coins all send it to the CPU would crash DALI 2.4, whose GPU
+    resize refuses the empty other branch, which batches of 256 at NN <= 70 never meet)."""
     if name in PIPELINES:
         return PIPELINES[name]
     base, _, var = name.rpartition("-")
     if base in ("gputransforms", "dali-handwritten"):
         if var.startswith("hw") and var[2:].isdigit():
             return lambda *a: PIPELINES[base](*a, hw_decoder_load=int(var[2:]) / 100)
-        if var.startswith("cpu") and var[3:].isdigit():
+        if var.startswith("cpu") and var[3:].isdigit() and base == "dali-handwritten":
             return lambda *a: PIPELINES[base](*a, cpu_decode_share=int(var[3:]) / 100)
         if var.startswith("q") and var[1:].isdigit():
             kw = "prefetch_factor" if base == "gputransforms" else "prefetch_queue_depth"
             return lambda *a: PIPELINES[base](*a, **{kw: int(var[1:])})
-    raise KeyError(f"no pipeline {name!r}: {', '.join(PIPELINES)}, or gputransforms/dali-handwritten-hwNN/-qN")
+    raise KeyError(f"no pipeline {name!r}: {', '.join(PIPELINES)}, or gputransforms/dali-handwritten-hwNN/-qN, "
+                   "dali-handwritten-cpuNN")
 
 
 def make_data(root: str, n: int):

@@ -21,7 +21,9 @@ autocast and channels_last, cross-entropy on the folder's classes. Feeds:
   training step) on a CUDA stream of the highest priority, so that the GPU's block scheduler serves
   the model's kernels before DALI's, whose streams have the default (lowest) priority (DALI 2.4 no
   longer lets a pipeline choose its streams' priority); ``@side``: on a non-blocking stream of the
-  default priority instead of the legacy default stream.
+  default priority instead of the legacy default stream; ``@smN``: on a stream of a CUDA green context
+  of N SMs, so that the model's kernels leave the other SMs to the loader's (``model@smN``: the
+  model alone on N SMs).
 
 Models are torchvision's by name; ``resnet18:graph`` (the step captured in one CUDA graph: the same
 GPU work, one launch a step) and ``resnet18:tiny`` (the eager step on a resident 8x64x64 batch: about
@@ -258,11 +260,21 @@ def _union(intervals: list) -> float:
 def on_stream(where: str, dev):
     """The context a feed runs in: ``hi``, a CUDA stream of the highest priority; ``side``, one of the
     default priority (a probe: unlike the legacy default stream the loop uses otherwise, torch's
-    streams do not wait for other libraries' blocking streams); else the current one."""
+    streams do not wait for other libraries' blocking streams); ``smN``, a stream of a green context
+    of N SMs (``probes/green.py``: the loop's kernels, the model's, on N SMs only, DALI's on any);
+    else the current one."""
+    if where.startswith("sm") and where[2:].isdigit():
+        if dev.type != "cuda":
+            raise ValueError(f"feed suffix @{where}: a green context needs a CUDA device")
+        from benchmarks.probes.green import green_stream
+
+        stream = green_stream(int(where[2:]), dev.index or 0)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        return torch.cuda.stream(stream)
     if where in ("hi", "side") and dev.type == "cuda":
         return torch.cuda.stream(torch.cuda.Stream(dev, priority=-100 if where == "hi" else 0))  # -100: the highest
     if where not in ("", "hi", "side"):
-        raise ValueError(f"feed suffix @{where}: only @hi or @side")
+        raise ValueError(f"feed suffix @{where}: only @hi, @side or @smN")
     return contextlib.nullcontext()
 
 
@@ -297,6 +309,11 @@ def main(argv=None):
     ap.add_argument("--mark", default="", metavar="FILE", help="touch FILE when the warm-up ends (for outside tracers)")
     ap.add_argument("--out", default="bench-out/train")
     a = ap.parse_args(argv)
+    # as a user's script that swapped its imports: gputransforms imported before CUDA starts, so it can
+    # widen the driver's work queues (device.widen_cuda_connections) for every feed of the run; with
+    # CUDA_DEVICE_MAX_CONNECTIONS set beforehand (8: the driver's default) it leaves them as they are
+    import gputransforms  # noqa: F401
+
     if a.make_data and not Path(a.root).exists():
         make_data(a.root, a.make_data)
     dev = _device()
@@ -358,7 +375,8 @@ def main(argv=None):
         gc_collect()
     info = dict(device=torch.cuda.get_device_name() if _gpu() else "cpu", cores=os.cpu_count(), classes=classes,
                 torch=torch.__version__, torchvision=torchvision.__version__, batch_size=a.batch_size,
-                images=a.images, workers=a.workers, dali_threads=a.threads)
+                images=a.images, workers=a.workers, dali_threads=a.threads,
+                cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset (8)"))
     (out / "train.json").write_text(json.dumps(dict(info=info, rows=rows), indent=2))
     chart = [dict(r, chain=f"{r['model']} {r['chain']}", pipeline=r["feed"], shape=[a.batch_size])
              for r in rows if "img_s" in r]

@@ -69,6 +69,41 @@ def test_train_benchmark_rejects_unknown_probe():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
             make_model("resnet18:graph", 2, torch.device("cpu"))
+    from benchmarks.train import on_stream
+
+    with pytest.raises(ValueError, match="only @hi, @side or @smN"):
+        on_stream("fast", torch.device("cpu"))
+    with pytest.raises(ValueError, match="a green context needs a CUDA device"):
+        on_stream("sm16", torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_green_stream_runs_on_fewer_sms():
+    """``@smN``'s stream (benchmarks/probes/green.py): a matmul on 16 SMs runs well below its speed on
+    all of them, and gives the same result."""
+    import time
+
+    from benchmarks.probes.green import green_stream, sm_count
+
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def rate(stream):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            ref = x @ x
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(10):
+                x @ x
+            torch.cuda.synchronize()
+        return 10 / (time.perf_counter() - t), ref
+
+    everywhere, ref = rate(torch.cuda.Stream())
+    stream = green_stream(16)
+    few, out = rate(stream)
+    print(f"\nmatmuls/s on all {sm_count()} SMs {everywhere:.0f}, on {stream.sm_count}: {few:.0f}")
+    assert 16 <= stream.sm_count < sm_count() and few < 0.5 * everywhere
+    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-3)
 
 
 def test_gpu_time_benchmark_runs(indexed_folder, tmp_path):
