@@ -11,12 +11,11 @@ from gputransforms import device
 VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
-def _python(code_or_args, env_var=None):
+def _python(code, env_var=None):
     env = {k: v for k, v in os.environ.items() if k != VAR}  # this process's import already set it
     if env_var is not None:
         env[VAR] = env_var
-    args = ["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args
-    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -30,9 +29,8 @@ def test_import_sets_connections_unless_the_user_did():
 
 def test_too_late_is_said_not_done(monkeypatch):
     monkeypatch.delenv(VAR, raising=False)
+    monkeypatch.setattr(device, "_connections_note", device._connections_note)  # restored as the import left it
     monkeypatch.setattr(device.torch.cuda, "is_initialized", lambda: True)
     device.widen_cuda_connections()
     assert VAR not in os.environ
     assert "CUDA started before gputransforms was imported" in device.cuda_connections_note()
-    monkeypatch.undo()
-    device.widen_cuda_connections()  # this process's state as the import left it
