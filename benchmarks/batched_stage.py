@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torchvision.transforms as T
 
-from gputransforms.compiler import batched
+from gputransforms.compiler import registry
 
 CASES = {
     # name: (transform, input dtype)
@@ -57,7 +57,7 @@ def main(argv=None):
     for name, (make, dtype) in CASES.items():
         t = make()
         x = base if dtype == torch.uint8 else base.float() / 255
-        fn = batched.lower(t)
+        fn = registry.batched_of(t)
         ms_b = _time(fn, x, a.repeats)
         ms_p = _time(lambda y: torch.stack([t(img) for img in y]), x, max(1, a.repeats // 2))
         rows.append(dict(transform=name, batched_ms=ms_b, per_sample_ms=ms_p, batch_size=a.batch_size,

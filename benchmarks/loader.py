@@ -358,7 +358,7 @@ def run_gputransforms(root, chain, batch_size, threads, graph_normalizes=False, 
         if graph_normalizes and dl.plan is not None:  # the A/B of compiler/handoff.py: float32 out of DALI
             dl.plan.affine = None
         if files_in_memory:  # a probe: every file read and checked once, the reader threads only look up
-            samples = dl._files
+            samples = dl._backend.files
             read = samples.reader(gpu=_gpu(), check_jpeg_scan=False)
             cache = {i: read(i) for i in range(len(ds))}
             samples.reader = lambda **_: cache.__getitem__

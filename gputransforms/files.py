@@ -27,13 +27,7 @@ from typing import Optional
 import numpy as np
 from PIL import Image
 
-
-class BadSampleError(RuntimeError):
-    """A sample whose file cannot be loaded; names the file and the sample index."""
-
-    def __init__(self, index: int, path: str, reason: str):
-        super().__init__(f"gputransforms: sample {index} ({path}): {reason}")
-        self.index, self.path, self.reason = index, path, reason
+from .errors import BadSampleError  # noqa: F401 - files.BadSampleError, as before
 
 
 def read_file(path: str) -> bytes:

@@ -16,8 +16,9 @@ import torch
 from PIL import Image
 
 from . import files
-from .compiler import handoff, tail
+from .compiler import handoff
 from .compiler.plan import plan as make_plan
+from .compiler.stages import after_graph
 from .device import resolve as resolve_device, torch_device
 
 Encoded = Union[bytes, bytearray, memoryview, np.ndarray, torch.Tensor, str, os.PathLike]
@@ -39,10 +40,11 @@ class CompiledTransform:
         self.max_batch_size = int(max_batch_size)
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
         self.seed = seed
-        self._stages = tail.stages(self.plan)
+        self._stages = after_graph(self.plan)
         self._pipe = None
 
     def explain(self) -> str:
+        """The compiled chain: the DALI graph with its fusions, and what runs after it."""
         return self.plan.explain(self.device)
 
     def __call__(self, images):
@@ -85,19 +87,10 @@ class CompiledTransform:
         except RuntimeError as e:
             self._pipe = None  # a DALI pipeline is dead after any error
             raise self._name_failure(chunk, offset, e) from e
-        images = to_torch(out[0])
-        if self.plan.hands_over_raw(self.device):
-            images = handoff.to_float(images, self.plan)
-        if isinstance(images, torch.Tensor):
-            if self.plan.tail:
-                images = tail.run_tail(images, self.plan, dev, self._stages)
-            return list(images.to(self.plan.out_dtype).unbind(0))
-        result = []
-        for img in images:  # per-sample sizes differ: the tail runs on batches of one
-            if self.plan.tail:
-                img = tail.run_tail(img[None], self.plan, dev, self._stages)[0]
-            result.append(img.to(self.plan.out_dtype))
-        return result
+        # (per-sample sizes differ where the graph hands over a list: the tail runs on batches of one)
+        images = handoff.finish(to_torch(out[0]), self.plan, dev, self._stages,
+                                raw=self.plan.hands_over_raw(self.device), per_sample=True)
+        return list(images.unbind(0)) if isinstance(images, torch.Tensor) else list(images)
 
     def _name_failure(self, chunk: list, offset: int, err: Exception) -> Exception:
         for k, item in enumerate(chunk):

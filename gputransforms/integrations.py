@@ -18,17 +18,19 @@ import weakref
 
 import torch.utils.data as tud
 
-#: dataset -> the gputransforms-only arguments of the latest gputransforms.DataLoader built over it
+#: dataset -> (the class, the gputransforms-only arguments) of the latest gputransforms.DataLoader over it
 _EXTRAS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _by_id: dict = {}  # datasets that cannot be weakly referenced
 
 
-def remember(dataset, extras: dict) -> None:
-    """Called by every gputransforms.DataLoader: what a framework's rebuild needs beyond torch's arguments."""
+def remember(dataset, loader_class: type, extras: dict) -> None:
+    """Called by every gputransforms.DataLoader: the class a framework's rebuild makes (the user's own
+    subclass stays theirs) and what it needs beyond torch's arguments. This module never imports the
+    loader: what it builds is the class it was given."""
     try:
-        _EXTRAS[dataset] = extras
+        _EXTRAS[dataset] = (loader_class, extras)
     except TypeError:
-        _by_id[id(dataset)] = (dataset, extras)
+        _by_id[id(dataset)] = (dataset, (loader_class, extras))
     install_accelerate()
 
 
@@ -44,15 +46,14 @@ class _AccelerateDataLoader(tud.DataLoader):
     """What ``accelerate.data_loader.DataLoader`` names while gputransforms is in use."""
 
     def __new__(cls, dataset=None, *args, **kwargs):
-        extras = _extras_for(dataset)
-        if extras is None:
+        remembered = _extras_for(dataset)
+        if remembered is None:
             return tud.DataLoader(dataset, *args, **kwargs)
-        from .loader import DataLoader
-
+        loader_class, extras = remembered
         # accelerate passes torch's default prefetch_factor (2) also without workers
         if not kwargs.get("num_workers"):
             kwargs.pop("prefetch_factor", None)
-        return DataLoader(dataset, *args, **kwargs, **extras)
+        return loader_class(dataset, *args, **kwargs, **extras)
 
 
 def install_accelerate() -> None:

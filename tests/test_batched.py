@@ -15,7 +15,7 @@ from torchvision.transforms import v2
 
 from gputransforms import DataLoader, datasets, plan
 from gputransforms import transforms as T
-from gputransforms.compiler import batched, tail
+from gputransforms.compiler import batched, registry, stages
 
 from conftest import DEVICES
 
@@ -94,7 +94,7 @@ def test_batched_equals_torchvision_per_sample(photos, name, api, dtype, device)
     t = EXACT[name](T if api == "v1" else v2)
     x = photos.to("cuda" if device == "gpu" else "cpu")
     x = x if dtype == torch.uint8 else x.float() / 255
-    fn = batched.lower(t)
+    fn = registry.batched_of(t)
     assert fn is not None, f"{name} should have a batched lowering"
     if name == "ColorJitter":  # drawn for the batch (tested by distribution): its kernel on torchvision's draws
         fn = jitter_on_torchvisions_draws(t)
@@ -114,11 +114,11 @@ def test_rotation_expand_and_user_subclasses_stay_per_sample():
         def forward(self, img):
             return super().forward(img) * 0.5
 
-    assert batched.lower(T.RandomRotation(10, expand=True)) is None
-    assert batched.lower(MyJitter(0.4)) is None
-    assert batched.lower(T.RandomApply([MyJitter(0.4)])) is None
-    assert batched.lower(T.AugMix()) is None
-    assert batched.lower(T.RandomApply([T.ColorJitter(0.4), T.GaussianBlur(3)])) is not None
+    assert registry.batched_of(T.RandomRotation(10, expand=True)) is None
+    assert registry.batched_of(MyJitter(0.4)) is None
+    assert registry.batched_of(T.RandomApply([MyJitter(0.4)])) is None
+    assert registry.batched_of(T.AugMix()) is None
+    assert registry.batched_of(T.RandomApply([T.ColorJitter(0.4), T.GaussianBlur(3)])) is not None
 
 
 def test_explain_names_the_stage_of_each_transform_after_the_graph():
@@ -127,7 +127,7 @@ def test_explain_names_the_stage_of_each_transform_after_the_graph():
     text = plan(tf).explain("gpu")
     assert "batched     RandomApply(" in text and "batched     GaussianBlur(" in text
     assert "per sample  AugMix(" in text and "batched     RandomErasing(" in text
-    assert [s for _, _, s in tail.stages(plan(tf))] == ["batched", "batched", "per sample", "batched"], text
+    assert [s for _, _, s in stages.after_graph(plan(tf))] == ["batched", "batched", "per sample", "batched"], text
 
 
 @pytest.mark.filterwarnings("error::gputransforms.FallbackWarning")
@@ -164,7 +164,7 @@ def test_erasing_writes_into_the_stages_batch(device):
                      (TimmErasing(probability=1.0, mode="const", device=dev), torch.zeros(3))):
         y = x.clone()
         torch.manual_seed(0)
-        out = batched.lower(t)(y)
+        out = registry.batched_of(t)(y)
         assert out.data_ptr() == y.data_ptr(), type(t)
         erased = (out != x).any(1)  # (N, H, W)
         assert erased.flatten(1).any(1).all()
@@ -181,7 +181,7 @@ def test_normalize_equals_torchvision_without_waiting_for_the_gpu(device, api):
     dev = "cuda" if device == "gpu" else "cpu"
     x = torch.rand(8, 3, 20, 24, device=dev)
     t = m.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
-    fn = batched.lower(t)
+    fn = registry.batched_of(t)
     ref = torch.stack([t(img) for img in x])
     assert torch.equal(fn(x.clone()), ref)
     if dev == "cuda":
@@ -202,4 +202,4 @@ def test_normalize_equals_torchvision_without_waiting_for_the_gpu(device, api):
         fn((x * 255).to(torch.uint8))
     zero = m.Normalize([0.5, 0.5, 0.5], [0.2, 0.0, 0.2])
     with pytest.raises(ValueError, match="zero"):
-        batched.lower(zero)(x.clone())
+        registry.batched_of(zero)(x.clone())

@@ -156,7 +156,7 @@ def test_peeked_batch_costs_the_epoch_nothing(indexed_folder, device):
     assert x.shape[0] == 4
     for _ in range(2):
         assert sorted(i for i, _ in items(loader)) == list(range(len(ds)))
-    assert len(loader._idle) == 1, "the peek's pipeline was reused, not a second one built"
+    assert len(loader._backend.idle) == 1, "the peek's pipeline was reused, not a second one built"
 
 
 def test_an_evaluation_pass_inside_a_training_epoch(indexed_folder):

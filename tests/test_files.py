@@ -180,10 +180,10 @@ def test_image_smaller_than_crop_raises_torchvisions_error(odd_folder, device):
 
 def test_gpu_out_of_memory_says_what_to_reduce(indexed_folder):
     from gputransforms.datasets.adapters import resolve
-    from gputransforms.loader import _named_error
+    from gputransforms.backends.compiled import name_failure
 
     samples = resolve(datasets.ImageFolder(str(indexed_folder)))
-    err = _named_error(RuntimeError("Critical error in pipeline:\nCUDA allocation failed: out of memory"), [0, 1],
+    err = name_failure(RuntimeError("Critical error in pipeline:\nCUDA allocation failed: out of memory"), [0, 1],
                        samples)
     assert isinstance(err, MemoryError)
     assert "batch_size" in str(err) and "prefetch_factor" in str(err) and "out of memory" in str(err)

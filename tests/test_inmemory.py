@@ -129,16 +129,16 @@ def test_which_chains_are_captured_as_a_cuda_graph(api):
     a chain with a transform whose parameters are drawn per sample in Python does not."""
     from torchvision.transforms import v2
 
-    from gputransforms.compiler import graphed, vectorized
+    from gputransforms.compiler import graphed, stages
 
     if api == "v1":
         std = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)]
     else:
         std = [v2.PILToTensor(), v2.RandomCrop(32, padding=4, padding_mode="reflect"), v2.RandomHorizontalFlip(),
                v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR_MEAN, CIFAR_STD)]
-    assert graphed.capturable(vectorized.stages(T.Compose(std)))
-    assert not graphed.capturable(vectorized.stages(T.Compose(std + [T.RandomErasing()])))
-    assert not graphed.capturable(vectorized.stages(T.Compose([T.ColorJitter(0.4)] + std)))
+    assert graphed.capturable(stages.in_memory(T.Compose(std)))
+    assert not graphed.capturable(stages.in_memory(T.Compose(std + [T.RandomErasing()])))
+    assert not graphed.capturable(stages.in_memory(T.Compose([T.ColorJitter(0.4)] + std)))
 
 
 @pytest.mark.gpu
@@ -165,11 +165,11 @@ def test_cuda_graph_gives_the_op_by_op_images(monkeypatch, api):
         return loader, out
 
     loader, got = run()
-    assert "one CUDA graph" in loader.explain() and loader._arrays._graphed[1] is not None
-    assert sorted(loader._arrays._graphed[1].graphs) == [8, 64]
+    assert "one CUDA graph" in loader.explain() and loader._backend.arrays._graphed[1] is not None
+    assert sorted(loader._backend.arrays._graphed[1].graphs) == [8, 64]
     monkeypatch.setattr(graphed, "build", lambda *a: None)
     loader, ref = run()
-    assert loader._arrays._graphed[1] is None
+    assert loader._backend.arrays._graphed[1] is None
     assert [len(x) for x, _ in got] == [64, 64, 64, 8] * 2
     for (x, y), (rx, ry) in zip(got, ref):
         assert torch.equal(y, ry) and torch.equal(x, rx)

@@ -112,9 +112,9 @@ def test_target_transform_applied(indexed_folder):
 
 
 def test_no_dali_runs_torchvision(indexed_folder, monkeypatch):
-    import gputransforms.loader as L
+    import gputransforms.backends as B
 
-    monkeypatch.setattr(L, "dali_available", lambda: False)
+    monkeypatch.setattr(B, "dali_available", lambda: False)
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
     with pytest.warns(FallbackWarning, match="DALI is not installed"):
         loader = DataLoader(ds, batch_size=8, shuffle=True, device="cpu")
@@ -268,3 +268,28 @@ def test_accepts_torchvision_imagefolder_instance(photo_folder, device):
     assert loader.backend == "dali"
     x, y = next(iter(loader))
     assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float32
+
+
+def test_explain_iterable_dataset():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from (torch.zeros(3, 4, 4) for _ in range(3))
+
+    with pytest.warns(FallbackWarning, match="iterable dataset"):
+        loader = DataLoader(Stream(), batch_size=2, device="cpu")
+    text = loader.explain()
+    assert "an iterable dataset (Stream)" in text and "backend=torchvision" in text, text
+    assert [b.shape[0] for b in loader] == [2, 1]
+
+
+def test_no_noise_at_interpreter_exit(indexed_folder):
+    """A loader still alive (mid-epoch) when the interpreter exits leaves nothing on stderr."""
+    import subprocess
+    import sys
+
+    code = ("import gputransforms as g\n"
+            f"ds = g.datasets.ImageFolder({str(indexed_folder)!r}, transform=g.transforms.PILToTensor())\n"
+            "loader = g.DataLoader(ds, batch_size=4, device='cpu')\n"
+            "it = iter(loader); next(it)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Exception ignored" not in done.stderr and "Error" not in done.stderr, done.stderr

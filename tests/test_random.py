@@ -187,13 +187,13 @@ def test_batched_random_erasing_distribution(device, api, kw):
     sizes, offsets and values as torchvision's per-sample draws (KS on each, 4-sigma on the rate)."""
     from torchvision.transforms import v2
 
-    from gputransforms.compiler import batched
+    from gputransforms.compiler import registry
 
     t = (T if api == "v1" else v2).RandomErasing(**kw)
     n, c, h, w = 3000, 3, 40, 56
     x = torch.ones(n, c, h, w, device="cuda" if device == "gpu" else "cpu")
     torch.manual_seed(0)
-    got = erased_boxes(batched.lower(t)(x.clone()), 0)  # the batched stage erases in place
+    got = erased_boxes(registry.batched_of(t)(x.clone()), 0)  # the batched stage erases in place
     torch.manual_seed(1)
     ref = erased_boxes(torch.stack([t(img) for img in x.cpu()]), 0)
     sigma = (kw["p"] * (1 - kw["p"]) / n) ** 0.5

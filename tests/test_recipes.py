@@ -191,7 +191,7 @@ def test_color_jitter_batched_is_torchvisions_per_sample(photo_folder, dtype):
     """ColorJitter's batched kernel, given torchvision's own get_params draws, equals torchvision
     applied to each sample in turn, up to float rounding (a uint8 value may differ by 1 where a
     blend lands on .0). (The loader draws the parameters for the batch: tested by distribution.)"""
-    from gputransforms.compiler import batched
+    from gputransforms.compiler import batched, registry
 
     x = theirs(photo_folder, T.Compose(BASE + [T.PILToTensor()]))
     if dtype == torch.float32:

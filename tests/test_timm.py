@@ -55,7 +55,7 @@ def test_timm_train_transforms_compile_and_run(photo_folder, device, kw):
 def test_timm_random_erasing_chain_runs_batched(photo_folder, device):
     tf = timm_data.create_transform(96, is_training=True, re_prob=0.5)
     p = plan(tf)
-    from gputransforms.compiler.tail import stages
+    from gputransforms.compiler.stages import after_graph as stages
 
     # timm's default colour jitter (torchvision's ColorJitter), Normalize and its RandomErasing: batched
     assert [(type(t).__name__, s) for t, _, s in stages(p) if s != "conversion"] == [
@@ -86,13 +86,13 @@ def test_timm_random_erasing_batched_distribution(device, kw):
 
     from timm.data.random_erasing import RandomErasing
 
-    from gputransforms.compiler import batched
+    from gputransforms.compiler import registry
 
     t = RandomErasing(device="cpu", **kw)
     n, c, h, w = 3000, 3, 40, 56
     x = torch.ones(n, c, h, w, device="cuda" if device == "gpu" else "cpu")
     torch.manual_seed(0)
-    got = _timm_erasing_stats(batched.lower(t)(x.clone()))
+    got = _timm_erasing_stats(registry.batched_of(t)(x.clone()))
     random.seed(1)
     torch.manual_seed(1)
     ref = _timm_erasing_stats(torch.stack([t(img) for img in x.cpu().clone()]))
@@ -113,7 +113,7 @@ def test_timm_random_erasing_batched_distribution(device, kw):
         if kw["mode"] == "rand":  # one colour per box and channel
             assert len(v.unique()) <= 3 * (got["rate"] * n) + 1 < len(ref["values"].flatten()) / 10
     narrow = RandomErasing(device="cpu", **{**kw, "max_area": 0.15})
-    wrong = _timm_erasing_stats(batched.lower(narrow)(x.clone()))
+    wrong = _timm_erasing_stats(registry.batched_of(narrow)(x.clone()))
     assert ks_2samp(wrong["share"][wrong["share"] > 0], ref["share"][ref["share"] > 0]).pvalue < 1e-6
 
 
@@ -122,12 +122,12 @@ def test_timm_random_erasing_batched_erases_each_sample_as_a_per_sample_call():
     (which, on a batch, spares the first samples) never applies: nor does it in the batched stage."""
     from timm.data.random_erasing import RandomErasing
 
-    from gputransforms.compiler import batched
+    from gputransforms.compiler import registry
 
     t = RandomErasing(probability=1.0, num_splits=2, device="cpu")
     x = torch.ones(64, 3, 32, 32)
     assert (t(x.clone()) != 1).flatten(1).any(1).tolist() == [False] * 32 + [True] * 32  # timm on a batch
-    assert (batched.lower(t)(x.clone()) != 1).flatten(1).any(1).all()
+    assert (registry.batched_of(t)(x.clone()) != 1).flatten(1).any(1).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)

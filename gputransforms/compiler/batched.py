@@ -34,7 +34,8 @@ drawn for the whole batch: ColorJitter (its kernel is still compared exactly, on
 own draws), RandomApply and RandomErasing (same distributions, another order of draws; tested by
 distribution in tests/test_recipes.py, tests/test_random.py and, timm's, tests/test_timm.py).
 
-``lower(t)`` returns the batched function or None; None sends ``t`` to the per-sample stage.
+Each ``lower_*`` builds the batched function of one transform, or returns None where its arguments
+have no batched form; which class uses which is the registry's (``compiler.registry``).
 """
 from __future__ import annotations
 
@@ -45,20 +46,19 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-import torchvision.transforms as tv1
-import torchvision.transforms.functional as F1
 from torchvision.transforms import v2 as tv2
-from torchvision.transforms.v2 import functional as F2
 
 from .. import _compat
 from ..device import to_device
 
 Batched = Callable[[torch.Tensor], torch.Tensor]
+#: a transform's batched function, or None (the containers lower their members through it)
+Lower = Callable[[object], Optional[Batched]]
 
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def _dev(data, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def to_dev(data, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Per-sample parameters onto the device without a synchronisation: ``torch.tensor(...,
     device="cuda")`` waits for the GPU to finish all queued work, which would serialise the Python
     parameter draws with the kernels of the batch before; a copy from pinned memory does not."""
@@ -79,7 +79,7 @@ def _on_rows(x: torch.Tensor, rows: list, fn: Batched) -> torch.Tensor:
         return x
     if len(rows) == x.shape[0]:
         return fn(x)
-    idx = _dev(rows, x.device)
+    idx = to_dev(rows, x.device)
     out = x.clone()
     out[idx] = fn(x[idx]).to(x.dtype)
     return out
@@ -107,7 +107,7 @@ def _coins(n: int, p: float, v2: bool) -> list:
     return (~(u >= p) if v2 else u < p).nonzero().flatten().tolist()
 
 
-def _random_p(kernel: Callable[[object, torch.Tensor], torch.Tensor]):
+def lower_random_p(kernel: Callable[[object, torch.Tensor], torch.Tensor]):
     """A transform that applies a deterministic functional kernel with probability p (its only draw
     is the coin)."""
     def build(t) -> Batched:
@@ -116,11 +116,11 @@ def _random_p(kernel: Callable[[object, torch.Tensor], torch.Tensor]):
     return build
 
 
-def _deterministic(t) -> Batched:
+def lower_deterministic(t) -> Batched:
     return t  # torchvision's tensor kernels of these take (..., C, H, W) with one set of parameters
 
 
-def _normalize(t) -> Batched:
+def lower_normalize(t) -> Batched:
     """Normalize: torchvision's arithmetic (subtract the mean, divide by the std, per channel), in
     the stage's own batch, with the mean and std kept on the device per dtype. torchvision's kernel
     copies both from pageable memory and v1's tests ``std == 0`` on the device, at every call: each
@@ -138,13 +138,13 @@ def _normalize(t) -> Batched:
             std = torch.as_tensor(t.std, dtype=x.dtype)
             if bool((std == 0).any()):
                 return t(x)
-            cache[key] = tuple(_dev(v.view(-1, 1, 1) if v.ndim == 1 else v, x.device) for v in (mean, std))
+            cache[key] = tuple(to_dev(v.view(-1, 1, 1) if v.ndim == 1 else v, x.device) for v in (mean, std))
         mean, std = cache[key]
         return x.sub_(mean).div_(std)
     return run
 
 
-def _color_jitter(t) -> Batched:
+def lower_color_jitter(t) -> Batched:
     """ColorJitter's parameters drawn for the whole batch at once: a uniformly random order of the
     four adjustments per sample (torchvision: ``randperm(4)``; here the argsort of four uniforms) and
     each factor uniform in its range, or none where the range is None. The same distribution as
@@ -200,8 +200,8 @@ def color_jitter(x: torch.Tensor, orders: np.ndarray, factors: np.ndarray, v2: b
     if not groups:
         return x
     all_rows = np.concatenate(rows)
-    idx_all = _dev(all_rows, x.device, torch.int64)
-    f_all = _dev(factors[all_rows, np.concatenate([[adj] * count for adj, _, count in groups])], x.device,
+    idx_all = to_dev(all_rows, x.device, torch.int64)
+    f_all = to_dev(factors[all_rows, np.concatenate([[adj] * count for adj, _, count in groups])], x.device,
                  torch.float32)
     for adj, start, count in groups:
         idx = idx_all[start:start + count]
@@ -244,7 +244,7 @@ def hsv_to_rgb(img: torch.Tensor, v2: bool = False) -> torch.Tensor:
         t = torch.clamp(v * (1.0 - s * (1.0 - f)), 0.0, 1.0)
     select = _HSV_SELECT.get(img.device)
     if select is None:
-        select = _HSV_SELECT[img.device] = _dev([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]],
+        select = _HSV_SELECT[img.device] = to_dev([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]],
                                                 img.device)
     return torch.stack((v, p, q, t), dim=-3).gather(-3, select[:, i].moveaxis(0, -3))
 
@@ -266,13 +266,13 @@ def gaussian_blur(x: torch.Tensor, kernel_size, sigmas: list) -> torch.Tensor:
     kx, ky = kernel_size
     fp = x.is_floating_point()
     dtype = x.dtype if fp else torch.float32
-    s = _dev(sigmas, x.device, dtype).reshape(-1, 2)
+    s = to_dev(sigmas, x.device, dtype).reshape(-1, 2)
     out = filter2d_separable(x.to(dtype), _gaussian_kernels(kx, s[:, 0]), _gaussian_kernels(ky, s[:, 1]),
                              border_type="reflect")
     return out if fp else out.round_().to(x.dtype)
 
 
-def _gaussian_blur(t) -> Batched:
+def lower_gaussian_blur(t) -> Batched:
     """GaussianBlur's sigma, ``torch.empty(1).uniform_(lo, hi).item()`` per sample in v1's get_params
     and v2's make_params (both sigmas equal), drawn as one ``torch.empty(n).uniform_(lo, hi)``: the
     same numbers in the same order (see ``_coins``)."""
@@ -305,20 +305,20 @@ def _base_grid(oh: int, ow: int, offset: float, dtype, device) -> torch.Tensor:
 
 def affine_grids(matrices: list, w: int, h: int, dtype, device) -> torch.Tensor:
     """torchvision's _affine_grid for N inverse matrices at once: (N, h, w, 2)."""
-    theta = _dev(matrices, device, dtype).reshape(-1, 2, 3)
-    scaled = theta.transpose(1, 2) / _dev([0.5 * w, 0.5 * h], device, dtype)
+    theta = to_dev(matrices, device, dtype).reshape(-1, 2, 3)
+    scaled = theta.transpose(1, 2) / to_dev([0.5 * w, 0.5 * h], device, dtype)
     return _base_grid(h, w, None, dtype, device).matmul(scaled).view(-1, h, w, 2)
 
 
 def perspective_grids(coeffs: list, w: int, h: int, dtype, device) -> torch.Tensor:
     """torchvision's _perspective_grid for N coefficient sets at once: (N, h, w, 2)."""
-    c = _dev(coeffs, device, dtype).reshape(-1, 8)
+    c = to_dev(coeffs, device, dtype).reshape(-1, 8)
     ones = torch.ones_like(c[:, 0])
     theta1 = torch.stack([c[:, 0:3], c[:, 3:6]], dim=1)
     row2 = torch.stack([c[:, 6], c[:, 7], ones], dim=1)
     theta2 = torch.stack([row2, row2], dim=1)
     base = _base_grid(h, w, 0.5, dtype, device)
-    g1 = base.matmul(theta1.transpose(1, 2) / _dev([0.5 * w, 0.5 * h], device, dtype))
+    g1 = base.matmul(theta1.transpose(1, 2) / to_dev([0.5 * w, 0.5 * h], device, dtype))
     g2 = base.matmul(theta2.transpose(1, 2))
     return (g1 / g2 - 1.0).view(-1, h, w, 2)
 
@@ -358,7 +358,7 @@ def _center(t, w: int, h: int) -> list:
     return [0.0, 0.0] if t.center is None else [float(c) - s * 0.5 for c, s in zip(t.center, (w, h))]
 
 
-def _random_rotation(t) -> Optional[Batched]:
+def lower_random_rotation(t) -> Optional[Batched]:
     if t.expand:
         return None  # the output size depends on the angle: samples no longer stack
     inverse = _compat.inverse_affine_matrix()
@@ -373,7 +373,7 @@ def _random_rotation(t) -> Optional[Batched]:
     return _warp(t, "affine", draw)
 
 
-def _random_affine(t) -> Optional[Batched]:
+def lower_random_affine(t) -> Optional[Batched]:
     inverse = _compat.inverse_affine_matrix()
 
     def draw(x, i):
@@ -387,7 +387,7 @@ def _random_affine(t) -> Optional[Batched]:
     return _warp(t, "affine", draw)
 
 
-def _random_perspective(t) -> Optional[Batched]:
+def lower_random_perspective(t) -> Optional[Batched]:
     def draw(x, i):
         h, w = x.shape[-2:]
         if _is_v2(t):
@@ -433,7 +433,7 @@ def erase(x: torch.Tensor, boxes: list, inplace: bool = False) -> torch.Tensor:
             values[k] = b[4].reshape(-1).expand(c)
         fill_boxes(x, box, values)
     for k, (i, j, h, w, v) in pixels:
-        x[k, :, i:i + h, j:j + w] = _dev(v, x.device)
+        x[k, :, i:i + h, j:j + w] = to_dev(v, x.device)
     return x
 
 
@@ -441,8 +441,8 @@ def fill_boxes(x: torch.Tensor, box: np.ndarray, values: torch.Tensor) -> torch.
     """Write ``values[k]`` (one per channel; (N,C) or (1,C)) into the box ``box[k]`` = (i, j, h, w)
     of each sample k of ``x``, in place, through one (N,1,H,W) mask: nothing batch-sized in float.
     An empty box (h = 0) leaves its sample alone."""
-    mask = _box_mask(_dev(box, x.device), x.shape[-2], x.shape[-1])
-    return torch.where(mask, _dev(values, x.device, x.dtype)[:, :, None, None], x, out=x)
+    mask = _box_mask(to_dev(box, x.device), x.shape[-2], x.shape[-1])
+    return torch.where(mask, to_dev(values, x.device, x.dtype)[:, :, None, None], x, out=x)
 
 
 def _box_mask(box: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -468,7 +468,7 @@ def _erase_sizes(area: np.ndarray, log_aspect: torch.Tensor) -> tuple:
     return np.round(np.sqrt(area * aspect)).astype(np.int64), np.round(np.sqrt(area / aspect)).astype(np.int64)
 
 
-def _random_erasing(t) -> Batched:
+def lower_random_erasing(t) -> Batched:
     """torchvision's RandomErasing (v1 and v2), its parameters drawn for the whole batch at once:
     the coins, then up to 10 (area, log-aspect) attempts per erased sample from torchvision's
     ranges, the first attempt that fits (as get_params/make_params take it; none fits: no change),
@@ -506,7 +506,7 @@ def _random_erasing(t) -> Batched:
     return run
 
 
-def _timm_random_erasing(t) -> Batched:
+def lower_timm_random_erasing(t) -> Batched:
     """timm's RandomErasing, each sample erased as timm's per-sample call (``create_transform``'s
     chain) erases it: a coin (``random.random() > probability`` skips), a count of boxes in
     [min_count, max_count], per box up to 10 (area / count, log-aspect) attempts, the first that fits
@@ -533,11 +533,11 @@ def _timm_random_erasing(t) -> Batched:
             return x
         top = np.floor(_np(torch.rand(n, m)) * np.maximum(height - h + 1, 1))
         left = np.floor(_np(torch.rand(n, m)) * np.maximum(width - w + 1, 1))
-        box = _dev((np.stack([top, left, h, w], -1) * ok[..., None]).astype(np.int64), x.device)  # (n, m, 4)
+        box = to_dev((np.stack([top, left, h, w], -1) * ok[..., None]).astype(np.int64), x.device)  # (n, m, 4)
         masks = [_box_mask(box[:, k], height, width) for k in range(m)]  # (a box that is not: h = 0)
         # written into x, the stage's own batch (tail.run_stages)
         if t.rand_color:  # a colour per box: a later box paints over an earlier one
-            colours = _dev(torch.empty(m, n, c, 1, 1).normal_(), x.device).to(x.dtype)
+            colours = to_dev(torch.empty(m, n, c, 1, 1).normal_(), x.device).to(x.dtype)
             for k in range(m):
                 torch.where(masks[k], colours[k], x, out=x)
             return x
@@ -550,15 +550,15 @@ def _timm_random_erasing(t) -> Batched:
 
 # --- containers -----------------------------------------------------------------------------------
 
-def _lower_all(transforms) -> Optional[list]:
+def _lower_all(transforms, lower: Lower) -> Optional[list]:
     """Each transform's batched function, or None if one of them has none."""
     fns = [lower(t) for t in transforms]
     return None if any(f is None for f in fns) else fns
 
 
-def sequence(transforms) -> Optional[Batched]:
+def sequence(transforms, lower: Lower) -> Optional[Batched]:
     """A list of transforms, each batched, or None if one of them is not."""
-    fns = _lower_all(transforms)
+    fns = _lower_all(transforms, lower)
     if fns is None:
         return None
 
@@ -569,8 +569,8 @@ def sequence(transforms) -> Optional[Batched]:
     return run
 
 
-def _random_apply(t) -> Optional[Batched]:
-    inner = sequence(t.transforms)
+def lower_random_apply(t, lower: Lower) -> Optional[Batched]:
+    inner = sequence(t.transforms, lower)
     if inner is None:
         return None
     # v1: ``if self.p < torch.rand(1): return img``; v2: ``if torch.rand(1) >= self.p: return``: each
@@ -584,8 +584,8 @@ def _grouped(x: torch.Tensor, keys: list, run_for_key) -> torch.Tensor:
     return x
 
 
-def _random_choice(t) -> Optional[Batched]:
-    fns = _lower_all(t.transforms)
+def lower_random_choice(t, lower: Lower) -> Optional[Batched]:
+    fns = _lower_all(t.transforms, lower)
     if fns is None:
         return None
     if _is_v2(t):
@@ -597,8 +597,8 @@ def _random_choice(t) -> Optional[Batched]:
     return lambda x: _grouped(x, [choose() for _ in range(x.shape[0])], lambda k: fns[k])
 
 
-def _random_order(t) -> Optional[Batched]:
-    fns = _lower_all(t.transforms)
+def lower_random_order(t, lower: Lower) -> Optional[Batched]:
+    fns = _lower_all(t.transforms, lower)
     if fns is None:
         return None
 
@@ -616,69 +616,3 @@ def _random_order(t) -> Optional[Batched]:
             return y
         return run
     return lambda x: _grouped(x, [order() for _ in range(x.shape[0])], in_order)
-
-
-# --- the table ------------------------------------------------------------------------------------
-
-_TABLE: dict = {
-    tv1.ColorJitter: _color_jitter, tv2.ColorJitter: _color_jitter,
-    tv1.GaussianBlur: _gaussian_blur, tv2.GaussianBlur: _gaussian_blur,
-    tv1.RandomRotation: _random_rotation, tv2.RandomRotation: _random_rotation,
-    tv1.RandomAffine: _random_affine, tv2.RandomAffine: _random_affine,
-    tv1.RandomPerspective: _random_perspective, tv2.RandomPerspective: _random_perspective,
-    tv1.RandomErasing: _random_erasing, tv2.RandomErasing: _random_erasing,
-    tv1.RandomApply: _random_apply, tv2.RandomApply: _random_apply,
-    tv1.RandomChoice: _random_choice, tv2.RandomChoice: _random_choice,
-    tv1.RandomOrder: _random_order, tv2.RandomOrder: _random_order,
-    tv1.Compose: lambda t: sequence(t.transforms), tv2.Compose: lambda t: sequence(t.transforms),
-    tv1.Grayscale: _deterministic, tv2.Grayscale: _deterministic,
-    tv1.Pad: _deterministic, tv2.Pad: _deterministic,
-    tv1.Resize: _deterministic, tv2.Resize: _deterministic,
-    tv1.CenterCrop: _deterministic, tv2.CenterCrop: _deterministic,
-    tv1.RandomHorizontalFlip: _random_p(lambda t, y: F1.hflip(y)),
-    tv2.RandomHorizontalFlip: _random_p(lambda t, y: F2.horizontal_flip(y)),
-    tv1.RandomVerticalFlip: _random_p(lambda t, y: F1.vflip(y)),
-    tv2.RandomVerticalFlip: _random_p(lambda t, y: F2.vertical_flip(y)),
-    tv1.Normalize: _normalize, tv2.Normalize: _normalize,
-    tv1.ConvertImageDtype: _deterministic, tv2.ConvertImageDtype: _deterministic, tv2.ToDtype: _deterministic,
-    tv1.RandomInvert: _random_p(lambda t, y: F1.invert(y)),
-    tv2.RandomInvert: _random_p(lambda t, y: F2.invert(y)),
-    tv1.RandomPosterize: _random_p(lambda t, y: F1.posterize(y, t.bits)),
-    tv2.RandomPosterize: _random_p(lambda t, y: F2.posterize(y, t.bits)),
-    tv1.RandomSolarize: _random_p(lambda t, y: F1.solarize(y, t.threshold)),
-    tv2.RandomSolarize: _random_p(lambda t, y: F2.solarize(y, t.threshold)),
-    tv1.RandomAdjustSharpness: _random_p(lambda t, y: F1.adjust_sharpness(y, t.sharpness_factor)),
-    tv2.RandomAdjustSharpness: _random_p(lambda t, y: F2.adjust_sharpness(y, t.sharpness_factor)),
-    tv1.RandomAutocontrast: _random_p(lambda t, y: F1.autocontrast(y)),
-    tv2.RandomAutocontrast: _random_p(lambda t, y: F2.autocontrast(y)),
-    # v2's equalize is vectorised over the batch; v1's loops over images; equal results (tests)
-    tv1.RandomEqualize: _random_p(lambda t, y: F2.equalize(y)),
-    tv2.RandomEqualize: _random_p(lambda t, y: F2.equalize(y)),
-    tv1.RandomGrayscale: _random_p(lambda t, y: F1.rgb_to_grayscale(y, y.shape[-3])),
-    tv2.RandomGrayscale: _random_p(lambda t, y: F2.rgb_to_grayscale(y, y.shape[-3])),
-}
-
-#: the methods that carry a transform's behaviour; a subclass overriding one is the user's own
-#: transform and runs per sample
-_BEHAVIOUR = ("forward", "__call__", "get_params", "make_params", "transform", "_transform")
-
-
-@functools.lru_cache(maxsize=None)  # on first use, like plan._timm_lowerings: importing us does not import timm
-def _timm_table() -> dict:
-    try:
-        from timm.data.random_erasing import RandomErasing
-    except ImportError:
-        return {}
-    return {RandomErasing: _timm_random_erasing}
-
-
-def lower(t) -> Optional[Batched]:
-    """``t`` as a function of a (N,C,H,W) batch with torchvision's per-sample meaning, or None. The
-    function may write into the batch it is given (RandomErasing does): the stage owns its batch."""
-    for cls in type(t).__mro__:
-        build = _TABLE.get(cls) or _timm_table().get(cls)
-        if build is not None:
-            if any(getattr(type(t), m, None) is not getattr(cls, m, None) for m in _BEHAVIOUR):
-                return None
-            return build(t)
-    return None

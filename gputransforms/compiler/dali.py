@@ -21,6 +21,7 @@ from nvidia.dali import pipeline_def
 from nvidia.dali.pipeline import Pipeline
 
 from . import timm_augment
+from .dali_scalars import Scalar, as_float, as_int, int_vector, is_node, select, smax, smin
 from .plan import Plan, Step
 
 _DALI_DTYPE = {
@@ -31,44 +32,6 @@ _DALI_DTYPE = {
     torch.bfloat16: types.FLOAT,
 }
 
-Scalar = Any  # int, or a DALI DataNode holding one int32 per sample
-
-
-
-def _is_node(x) -> bool:
-    return not isinstance(x, (int, float))
-
-
-def _min(a: Scalar, b: Scalar) -> Scalar:
-    return min(a, b) if not (_is_node(a) or _is_node(b)) else dmath.min(a, b)
-
-
-def _max(a: Scalar, b: Scalar) -> Scalar:
-    return max(a, b) if not (_is_node(a) or _is_node(b)) else dmath.max(a, b)
-
-
-def _select(cond: Scalar, a: Scalar, b: Scalar) -> Scalar:
-    """``a if cond else b`` for int scalars; cond is a bool or a boolean node."""
-    if not _is_node(cond):
-        return a if cond else b
-    c = fn.cast(cond, dtype=types.INT32)
-    return c * a + (1 - c) * b
-
-
-def _float(x: Scalar):
-    return float(x) if not _is_node(x) else fn.cast(x, dtype=types.FLOAT)
-
-
-def _int(x: Scalar):
-    return int(x) if not _is_node(x) else fn.cast(x, dtype=types.INT32)
-
-
-def _int_vector(*xs: Scalar):
-    if not any(_is_node(x) for x in xs):
-        return [int(x) for x in xs]
-    return fn.stack(*[_int(x) if _is_node(x) else types.Constant(int(x), dtype=types.INT32) for x in xs])
-
-
 def resized_size(h: Scalar, w: Scalar, target) -> tuple[Scalar, Scalar]:
     """torchvision's ``_compute_resized_output_size``, in integer arithmetic so that the result is
     exact whether h and w are Python ints or DALI nodes (``int(s * long / short)`` in float64
@@ -77,7 +40,7 @@ def resized_size(h: Scalar, w: Scalar, target) -> tuple[Scalar, Scalar]:
     if kind == "exact":
         return target[1]
     w_is_short = w <= h  # a bool, or a boolean node
-    short, long = _min(h, w), _max(h, w)
+    short, long = smin(h, w), smax(h, w)
     if kind == "longer":
         max_size = target[1]
         new_short, new_long = (max_size * short) // long, max_size
@@ -89,10 +52,10 @@ def resized_size(h: Scalar, w: Scalar, target) -> tuple[Scalar, Scalar]:
                 raise ValueError(f"max_size = {max_size} must be strictly greater than the requested "
                                  f"size for the smaller edge size = {[s]}")
             too_long = new_long > max_size
-            new_short = _select(too_long, (max_size * new_short) // _max(new_long, 1), new_short)
-            new_long = _select(too_long, max_size, new_long)
-    new_h = _select(w_is_short, new_long, new_short)
-    new_w = _select(w_is_short, new_short, new_long)
+            new_short = select(too_long, (max_size * new_short) // smax(new_long, 1), new_short)
+            new_long = select(too_long, max_size, new_long)
+    new_h = select(w_is_short, new_long, new_short)
+    new_w = select(w_is_short, new_short, new_long)
     return new_h, new_w
 
 
@@ -104,7 +67,7 @@ def center_offset(extent: Scalar, size: int) -> Scalar:
     negative.
     """
     d = extent - size
-    dp, dn = _max(d, 0), _max(-d, 0)
+    dp, dn = smax(d, 0), smax(-d, 0)
     k = dp // 2
     return k + (dp % 2) * (k % 2) - dn // 2
 
@@ -113,11 +76,11 @@ def random_offset(extent: Scalar, size: int, pad_before: int, pad_after: int, pa
     """torchvision's RandomCrop offset (uniform integer, like ``torch.randint``), in coordinates of
     the unpadded input: padding, then ``pad_if_needed`` padding of both sides, then a uniform pick."""
     padded = extent + pad_before + pad_after
-    extra = _max(size - padded, 0) if pad_if_needed else 0
+    extra = smax(size - padded, 0) if pad_if_needed else 0
     span = padded + 2 * extra - size  # number of valid offsets - 1; negative: torchvision raises
     u = fn.random.uniform(range=[0.0, 1.0], dtype=types.FLOAT)
-    pick = _int(dmath.floor(u * _float(_max(span, 0) + 1)))
-    pick = dmath.min(pick, _max(span, 0))
+    pick = as_int(dmath.floor(u * as_float(smax(span, 0) + 1)))
+    pick = dmath.min(pick, smax(span, 0))
     return pick - pad_before - extra
 
 
@@ -196,8 +159,8 @@ def _flip_roi(step: Step) -> dict:
             ends.append((coin, 1.0 - coin))
         else:
             ends.append((0.0, 1.0))
-    start = fn.stack(*[a if _is_node(a) else types.Constant(a, dtype=types.FLOAT) for a, _ in ends])
-    end = fn.stack(*[b if _is_node(b) else types.Constant(b, dtype=types.FLOAT) for _, b in ends])
+    start = fn.stack(*[a if is_node(a) else types.Constant(a, dtype=types.FLOAT) for a, _ in ends])
+    end = fn.stack(*[b if is_node(b) else types.Constant(b, dtype=types.FLOAT) for _, b in ends])
     return dict(roi_start=start, roi_end=end, roi_relative=True)
 
 
@@ -205,7 +168,7 @@ def _resize(g: _Graph, step: Step, **_) -> None:
     h, w = resized_size(g.h, g.w, step.args["target"])
     kw = dict(dtype=types.FLOAT) if step.args.get("float") else {}
     kw.update(_flip_roi(step))
-    g.img = fn.resize(g.img, resize_y=_float(h), resize_x=_float(w), interp_type=_interp_type(step.args["interp"]),
+    g.img = fn.resize(g.img, resize_y=as_float(h), resize_x=as_float(w), interp_type=_interp_type(step.args["interp"]),
                       antialias=step.args["antialias"], **kw)
     g.h, g.w = h, w
 
@@ -230,7 +193,7 @@ def _crop_offsets(g: _Graph, crop: dict) -> tuple[Scalar, Scalar]:
 def _slice(g: _Graph, step: Step, **_) -> None:
     ch, cw = step.args["size"]
     y, x = _crop_offsets(g, step.args)
-    g.img = fn.slice(g.img, start=_int_vector(y, x), shape=[int(ch), int(cw)], axis_names="HW",
+    g.img = fn.slice(g.img, start=int_vector(y, x), shape=[int(ch), int(cw)], axis_names="HW",
                      out_of_bounds_policy="pad", fill_values=list(step.args["fill"]))
     g.h, g.w = ch, cw
 
@@ -249,9 +212,9 @@ def _flip(g: _Graph, step: Step, **_) -> None:
 
 def _crop_pos(offset: Scalar, slack: Scalar):
     """crop_mirror_normalize's normalised position for an integer offset, given extent - size."""
-    if not _is_node(slack):
+    if not is_node(slack):
         return offset / slack if slack else 0.0
-    return _float(offset) / _float(_select(slack == 0, 1, slack))
+    return as_float(offset) / as_float(select(slack == 0, 1, slack))
 
 
 def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:

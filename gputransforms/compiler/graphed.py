@@ -18,12 +18,9 @@ import warnings
 from typing import Optional
 
 import torch
-import torchvision.transforms as tv1
-from torchvision.transforms import v2 as tv2
 
+from .registry import graph_kind
 from .vectorized import Vectorized
-
-_DTYPE = (tv1.ConvertImageDtype, tv2.ConvertImageDtype, tv2.ToDtype)
 
 
 def _kind(t, fn, stage: str) -> Optional[str]:
@@ -32,15 +29,11 @@ def _kind(t, fn, stage: str) -> Optional[str]:
         return "vectorized"
     if stage == "conversion":
         return "skip" if fn is None else "dtype"
-    if stage == "batched" and isinstance(t, (tv1.Normalize, tv2.Normalize)) and not t.inplace:
-        return "normalize"
-    if stage == "batched" and isinstance(t, _DTYPE):
-        return "dtype"
-    return None
+    return graph_kind(t) if stage == "batched" else None
 
 
 def capturable(compiled: list) -> bool:
-    """Whether every stage of ``compiled`` (``vectorized.stages``) can be captured."""
+    """Whether every stage of ``compiled`` (``stages.in_memory``) can be captured."""
     return all(_kind(t, fn, stage) is not None for t, fn, stage in compiled)
 
 
@@ -94,7 +87,7 @@ class GraphedChain:
 
 
 def build(images: torch.Tensor, targets: Optional[torch.Tensor], compiled: list) -> Optional[GraphedChain]:
-    """A GraphedChain for ``compiled`` (``vectorized.stages``) on CUDA images, or None."""
+    """A GraphedChain for ``compiled`` (``stages.in_memory``) on CUDA images, or None."""
     if images.device.type != "cuda" or targets is None or not capturable(compiled):
         return None
     steps = []

@@ -1,4 +1,8 @@
-"""The hand-off of a float batch: on the GPU the graph ends in raw uint8 pixels (cropped, mirrored,
+"""After the graph, one sequence for every caller (the loader's compiled backend, ``compile()``):
+``finish`` takes the graph's output as torch tensors and gives what the chain gives -- raw pixels made
+float (below), the tail run (``tail``), the chain's dtype.
+
+The hand-off of a float batch: on the GPU the graph ends in raw uint8 pixels (cropped, mirrored,
 CHW) and the batch becomes the chain's float32 values here, ``raw * scale + shift`` per channel,
 in one kernel (``torch.addcmul``) on the stream the training loop reads from.
 
@@ -16,6 +20,7 @@ import functools
 
 import torch
 
+from . import tail
 from .plan import Plan
 
 
@@ -32,3 +37,19 @@ def _coefficients(affine: tuple, device: torch.device) -> tuple[torch.Tensor, to
     """(scale, shift) as (3, 1, 1) float32 tensors on ``device``, made once: the channel axis is -3
     in CHW images and FCHW clips."""
     return tuple(torch.tensor(v, dtype=torch.float32).view(3, 1, 1).to(device) for v in affine)
+
+
+def finish(images, plan: Plan, device: torch.device, stages: list, *, raw: bool, per_sample: bool = False):
+    """The graph's output (a batch tensor, or a list of samples whose sizes differ) as the chain's output.
+    ``raw``: the graph handed over raw pixels (``Plan.hands_over_raw``). ``stages``:
+    ``stages.after_graph(plan)``, made once by the caller. ``per_sample``: a list is finished sample by
+    sample (batches of one) instead of being stacked for the tail."""
+    if raw:
+        images = to_float(images, plan)
+    if isinstance(images, (list, tuple)) and per_sample:
+        return [finish(img[None], plan, device, stages, raw=False)[0] for img in images]
+    if plan.tail:  # (plan.out_dtype is the graph's: the tail's own conversions stand)
+        return tail.run_tail(images, plan, device, stages)
+    if isinstance(images, torch.Tensor) and images.dtype != plan.out_dtype:
+        images = images.to(plan.out_dtype)  # (float64, bfloat16: DALI's output is float32)
+    return images

@@ -2,39 +2,26 @@
 part of a chain becomes one DALI graph, which operations fuse, and what is left to run per sample.
 
 Three layers, one direction:
-  1. ``LOWERINGS`` -- the one table from torchvision classes (v1 and v2; ours are the same classes)
-     to an ``Op``: a backend-neutral record of the user's arguments.
+  1. ``registry`` -- the one table from torchvision and timm classes (v1 and v2; ours are the same
+     classes) to their lowerings; ``registry.dali_op`` gives an ``Op``, a backend-neutral record of the
+     user's arguments.
   2. ``plan()`` -- walks the ops and emits ``Step``s, the operations of the DALI graph, fusing as it
      goes (RandomResizedCrop into decode; crop + flip + ToTensor/dtype + Normalize + HWC->CHW into
      one crop_mirror_normalize).
-  3. ``compiler.dali`` turns steps into DALI operators; ``compiler.tail`` runs the rest after the graph
-     (``compiler.batched`` on whole batches where it can, else per sample).
+  3. ``compiler.dali`` turns steps into DALI operators; ``compiler.handoff.finish`` runs the rest after
+     the graph (``stages``: batched kernels on whole batches where the registry has them, else per sample).
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
-import torchvision.transforms as tv1
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import v2 as tv2
 
-from .. import _compat
 from ..device import default_device
-
-
-class NotLowerable(Exception):
-    """The transform has no DALI lowering with torchvision's meaning; it runs per sample."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Op:
-    kind: str
-    args: dict
-    source: Any  # the user's transform object
-
+from . import stages as stage_lists
+from .chain import TO_TENSOR, NotLowerable, Op, flatten, tensor_capable
+from .registry import dali_op
 
 @dataclasses.dataclass
 class Step:
@@ -105,8 +92,6 @@ class Plan:
             lines.append("hand-off: the graph's raw uint8 pixels become float32 in one kernel (x * scale + shift per "
                          "channel) on the loop's stream")
         if self.tail:
-            from .tail import stages
-
             if self.tail_mode == "clip":
                 lines.append(f"after the graph, per clip on the {device} batch with torchvision (graph ends at: "
                              f"{self.tail_reason}):")
@@ -117,7 +102,7 @@ class Plan:
                              f"one; graph ends at: {self.tail_reason}):")
             labels = {"batched": "batched    ", "per sample": "per sample ", "conversion": "conversion ",
                       "pil": "per sample "}
-            for t, _, stage in stages(self):
+            for t, _, stage in stage_lists.after_graph(self):
                 lines.append(f"  {labels[stage]} {_short(t)}")
         return "\n".join(lines)
 
@@ -135,175 +120,6 @@ def _short(t) -> str:
     return " ".join(text.split())
 
 
-# --- 1. the table: torchvision class -> Op ------------------------------------------------------
-
-#: Interpolation modes whose DALI filter matches torchvision's (PIL's) result; the others
-#: (BOX, HAMMING, NEAREST_EXACT) have no DALI equivalent and run per sample.
-DALI_INTERPOLATION = {
-    InterpolationMode.NEAREST: "INTERP_NN",
-    InterpolationMode.BILINEAR: "INTERP_LINEAR",
-    InterpolationMode.BICUBIC: "INTERP_CUBIC",
-    InterpolationMode.LANCZOS: "INTERP_LANCZOS3",
-}
-
-
-def _interp(t) -> str:
-    mode = _compat.interpolation_mode(t.interpolation)
-    if mode not in DALI_INTERPOLATION:
-        raise NotLowerable(f"{type(t).__name__}: interpolation {mode.value!r} has no DALI equivalent")
-    return DALI_INTERPOLATION[mode]
-
-
-def _random_resized_crop(t) -> Op:
-    return Op("random_resized_crop", dict(size=tuple(t.size), scale=tuple(t.scale), ratio=tuple(t.ratio),
-                                          interp=_interp(t), antialias=t.antialias), t)
-
-
-def _resize(t) -> Op:
-    size = t.size
-    if size is not None:
-        size = (size,) if isinstance(size, int) else tuple(size)
-    if size is not None and len(size) == 2:
-        target = ("exact", size)
-    elif size is None:
-        target = ("longer", t.max_size)
-    else:
-        target = ("shorter", size[0], t.max_size)
-    return Op("resize", dict(target=target, interp=_interp(t), antialias=t.antialias), t)
-
-
-def _center_crop(t) -> Op:
-    return Op("crop", dict(mode="center", size=tuple(t.size), padding=(0, 0, 0, 0), pad_if_needed=True,
-                           fill=(0.0, 0.0, 0.0)), t)
-
-
-def _random_crop(t) -> Op:
-    padding = _compat.padding_ltrb(t)
-    if (any(padding) or t.pad_if_needed) and t.padding_mode != "constant":
-        raise NotLowerable(f"RandomCrop: padding_mode={t.padding_mode!r} (only 'constant' is lowered)")
-    fill = _compat.constant_fill(t)
-    if fill is None:
-        raise NotLowerable("RandomCrop: fill given per input type")
-    return Op("crop", dict(mode="random", size=tuple(t.size), padding=padding, pad_if_needed=bool(t.pad_if_needed),
-                           fill=fill), t)
-
-
-def _flip(horizontal: bool) -> Callable[[Any], Op]:
-    return lambda t: Op("flip", dict(horizontal=horizontal, p=float(t.p)), t)
-
-
-def _to_float_tensor(t) -> Op:
-    return Op("to_tensor", dict(dtype=torch.float32, scale=True), t)
-
-
-def _to_uint8_tensor(t) -> Op:
-    return Op("to_tensor", dict(dtype=torch.uint8, scale=False), t)
-
-
-def _convert_image_dtype(t) -> Op:
-    return Op("to_dtype", dict(dtype=t.dtype, scale=True), t)
-
-
-def _to_dtype(t) -> Op:
-    dtype = t.dtype
-    if isinstance(dtype, dict):
-        from torchvision import tv_tensors
-
-        dtype = dtype.get(tv_tensors.Image, dtype.get("others"))
-        if dtype is None:
-            raise NotLowerable("ToDtype: no dtype given for images")
-    return Op("to_dtype", dict(dtype=dtype, scale=bool(t.scale)), t)
-
-
-def _normalize(t) -> Op:
-    # ``inplace`` only matters for aliasing, which a freshly decoded batch never has
-    return Op("normalize", dict(mean=tuple(float(m) for m in t.mean), std=tuple(float(s) for s in t.std)), t)
-
-
-def _auto_augment_args(t) -> dict:
-    """Interpolation and fill of torchvision's automatic augmentations, as DALI's warps take them."""
-    name = type(t).__name__
-    mode = _compat.interpolation_mode(t.interpolation)
-    if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
-        raise NotLowerable(f"{name}: interpolation {mode.value!r} (DALI's warps: nearest, bilinear)")
-    fill = t.fill
-    if isinstance(fill, dict):
-        raise NotLowerable(f"{name}: fill given per input type")
-    if isinstance(fill, (list, tuple)):
-        if len(set(fill)) != 1:
-            raise NotLowerable(f"{name}: a per-channel fill")
-        fill = fill[0]
-    return dict(interp=DALI_INTERPOLATION[mode], fill=0 if fill is None else int(fill))
-
-
-def _trivial_augment_wide(t) -> Op:
-    return Op("auto_augment", dict(policy="trivial_augment_wide", num_magnitude_bins=int(t.num_magnitude_bins),
-                                   **_auto_augment_args(t)), t)
-
-
-def _auto_augment(t) -> Op:
-    # torchvision's AutoAugment draws magnitudes from 10 bins of RandAugment's ranges
-    return Op("auto_augment", dict(policy="auto_augment", sub_policies=_compat.auto_augment_policies(t),
-                                   num_magnitude_bins=10, **_auto_augment_args(t)), t)
-
-
-def _rand_augment(t) -> Op:
-    return Op("auto_augment", dict(policy="rand_augment", num_ops=int(t.num_ops), magnitude=int(t.magnitude),
-                                   num_magnitude_bins=int(t.num_magnitude_bins), **_auto_augment_args(t)), t)
-
-
-LOWERINGS: dict = {
-    tv1.TrivialAugmentWide: _trivial_augment_wide, tv2.TrivialAugmentWide: _trivial_augment_wide,
-    tv1.RandAugment: _rand_augment, tv2.RandAugment: _rand_augment,
-    tv1.AutoAugment: _auto_augment, tv2.AutoAugment: _auto_augment,
-    tv1.RandomResizedCrop: _random_resized_crop, tv2.RandomResizedCrop: _random_resized_crop,
-    tv1.Resize: _resize, tv2.Resize: _resize,
-    tv1.CenterCrop: _center_crop, tv2.CenterCrop: _center_crop,
-    tv1.RandomCrop: _random_crop, tv2.RandomCrop: _random_crop,
-    tv1.RandomHorizontalFlip: _flip(True), tv2.RandomHorizontalFlip: _flip(True),
-    tv1.RandomVerticalFlip: _flip(False), tv2.RandomVerticalFlip: _flip(False),
-    tv1.ToTensor: _to_float_tensor, tv2.ToTensor: _to_float_tensor,
-    tv1.PILToTensor: _to_uint8_tensor, tv2.PILToTensor: _to_uint8_tensor, tv2.ToImage: _to_uint8_tensor,
-    tv1.ConvertImageDtype: _convert_image_dtype, tv2.ConvertImageDtype: _convert_image_dtype,
-    tv2.ToDtype: _to_dtype,
-    tv1.Normalize: _normalize, tv2.Normalize: _normalize,
-}
-
-
-#: torchvision v1 transforms whose tensor kernels mean what their PIL kernels mean (torchvision
-#: tests the two against each other); every v2 transform is, but the ones listed in _NOT_TENSOR.
-TENSOR_CAPABLE_V1 = (
-    tv1.ColorJitter, tv1.Grayscale, tv1.RandomGrayscale, tv1.GaussianBlur, tv1.RandomRotation, tv1.RandomAffine,
-    tv1.RandomPerspective, tv1.Pad, tv1.RandomErasing, tv1.RandomInvert, tv1.RandomPosterize, tv1.RandomSolarize,
-    tv1.RandomAdjustSharpness, tv1.RandomAutocontrast, tv1.RandomEqualize, tv1.AutoAugment, tv1.RandAugment,
-    tv1.TrivialAugmentWide, tv1.AugMix, tv1.Resize, tv1.CenterCrop, tv1.RandomCrop, tv1.RandomResizedCrop,
-    tv1.RandomHorizontalFlip, tv1.RandomVerticalFlip, tv1.Normalize, tv1.ConvertImageDtype, tv1.LinearTransformation,
-    tv1.ElasticTransform,
-)
-_NOT_TENSOR = (tv2.ToPILImage, tv2.Lambda, tv2.FiveCrop, tv2.TenCrop)
-_CONTAINERS = (tv1.RandomApply, tv1.RandomChoice, tv1.RandomOrder, tv1.Compose, tv2.RandomApply, tv2.RandomChoice,
-               tv2.RandomOrder, tv2.Compose)
-#: the conversions that end the PIL part of a chain
-TO_TENSOR = (tv1.ToTensor, tv2.ToTensor, tv1.PILToTensor, tv2.PILToTensor, tv2.ToImage)
-
-
-_GRID_TRANSFORMS = (tv1.RandomRotation, tv1.RandomAffine, tv1.RandomPerspective, tv2.RandomRotation,
-                    tv2.RandomAffine, tv2.RandomPerspective)
-
-
-def tensor_capable(t) -> bool:
-    if isinstance(t, _CONTAINERS):
-        return all(tensor_capable(c) for c in t.transforms)
-    if isinstance(t, tv2.Transform):
-        return not isinstance(t, _NOT_TENSOR)
-    if isinstance(t, tv1.Pad) and not isinstance(t.fill, (int, float)):
-        return False  # v1's tensor pad takes one number as fill; PIL's takes a colour
-    if isinstance(t, _GRID_TRANSFORMS) and _compat.interpolation_mode(t.interpolation) not in (
-            InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
-        return False  # torchvision's tensor warps take nearest and bilinear only; PIL's take more
-    return isinstance(t, TENSOR_CAPABLE_V1)
-
-
 def choose_tail_mode(tail: list, image_state: bool) -> str:
     """Tensor kernels on the device, unless a callable would receive a stand-in tensor where
     torchvision hands it a PIL image (before ToTensor)."""
@@ -313,71 +129,6 @@ def choose_tail_mode(tail: list, image_state: bool) -> str:
         elif image_state and not tensor_capable(t):
             return "pil"
     return "tensor"
-
-
-def _timm_random_resized_crop(t) -> Op:
-    """timm's RandomResizedCropAndInterpolation: torchvision's sampling rule (drawn with Python's
-    ``random``), on PIL images; ``interpolation='random'`` (timm's train.py default) picks a filter
-    per sample, uniformly from a tuple (bilinear, bicubic): ``interp`` is then the tuple of DALI's
-    filters, one drawn per sample in the graph."""
-    if isinstance(t.interpolation, (list, tuple)):
-        modes = [_compat.interpolation_mode(m) for m in t.interpolation]
-        missing = [m.value for m in modes if m not in DALI_INTERPOLATION]
-        if missing or not modes:
-            raise NotLowerable(f"RandomResizedCropAndInterpolation: interpolation {missing} has no DALI equivalent")
-        interp = tuple(DALI_INTERPOLATION[m] for m in modes)
-    else:
-        interp = _interp(t)
-    return Op("random_resized_crop", dict(size=tuple(t.size), scale=tuple(t.scale), ratio=tuple(t.ratio),
-                                          interp=interp, antialias=True), t)
-
-
-@functools.lru_cache(maxsize=None)  # on first use, so that importing gputransforms does not import timm
-def _timm_lowerings() -> dict:
-    try:
-        from timm.data.auto_augment import AutoAugment, RandAugment
-        from timm.data.transforms import RandomResizedCropAndInterpolation
-    except ImportError:  # timm is optional
-        return {}
-    # timm's MaybeToTensor / MaybePILToTensor subclass torchvision's ToTensor / PILToTensor
-    return {RandomResizedCropAndInterpolation: _timm_random_resized_crop,
-            RandAugment: _timm_auto_augment, AutoAugment: _timm_auto_augment}
-
-
-def _timm_auto_augment(t) -> Op:
-    from . import timm_augment
-
-    return Op("auto_augment", timm_augment.describe(t), t)
-
-
-def lower_transform(t) -> Op:
-    for cls in type(t).__mro__:
-        fn = LOWERINGS.get(cls) or _timm_lowerings().get(cls)
-        if fn is not None:
-            return fn(t)
-    raise NotLowerable(f"{type(t).__name__}: no DALI lowering")
-
-
-def flatten(transform) -> list:
-    if transform is None:
-        return []
-    if isinstance(transform, (tv1.Compose, tv2.Compose)):
-        out = []
-        for t in transform.transforms:
-            out.extend(flatten(t))
-        return out
-    if isinstance(transform, (tv2.Identity, tv2.ToPureTensor)):
-        return []  # ToPureTensor only unwraps tv_tensors: our batches are plain tensors already
-    if type(transform).__name__ in PRESET_WRAPPERS and isinstance(getattr(transform, "transforms", None),
-                                                                  (tv1.Compose, tv2.Compose)):
-        return flatten(transform.transforms)
-    return [transform]
-
-
-#: torchvision's classification references wrap a Compose in a class whose __call__ is
-#: ``self.transforms(img)`` (references/classification/presets.py); users copy those classes.
-PRESET_WRAPPERS = {"ClassificationPresetTrain", "ClassificationPresetEval", "VideoClassificationPresetTrain",
-                   "VideoClassificationPresetEval"}
 
 
 # --- 2. planning and fusion ---------------------------------------------------------------------
@@ -520,7 +271,7 @@ class _Planner:
         ``per_clip`` count as such); returns (the rest: the tail, the reason it starts there)."""
         for j, t in enumerate(transforms):
             try:
-                op = lower_transform(t)
+                op = dali_op(t)
                 if op.kind in per_clip:
                     raise NotLowerable(f"{type(t).__name__}: on clips it runs per clip with torchvision")
                 if op.kind in ("to_tensor", "to_dtype", "normalize"):
@@ -569,15 +320,28 @@ def _are_uint8_values(raw: list) -> bool:
     return all(abs(r - round(r)) <= 1e-3 and 0 <= round(r) <= 255 for r in raw)
 
 
-def plan(transform, input: str = "image") -> Plan:
+#: DataLoader(video_decoder=...): "pyav" is "pyav-yuv" on the GPU and "pyav-rgb" on the CPU
+VIDEO_DECODERS = ("pyav", "pyav-yuv", "pyav-rgb", "nvdec")
+
+
+def plan(transform, input: str = "image", *, device: str = "cpu", video_decoder: str = "pyav") -> Plan:
     """Plan ``transform`` (a Compose of torchvision v1/v2 or gputransforms transforms).
 
     ``input``: "image" (files PIL would open), or the frames of video clips as torchvision's
     ``VideoClips`` hands them to the transform: "video TCHW" (a batch of images to torchvision's
     transforms: one set of random parameters per clip, applied to every frame) or "video THWC"
-    (what torchvision's transforms do not read as images: the whole chain runs per clip)."""
+    (what torchvision's transforms do not read as images: the whole chain runs per clip).
+    ``device`` and ``video_decoder`` choose how clips are decoded (``VIDEO_DECODERS``): NVDEC in the
+    graph, or PyAV in worker processes handing over RGB frames or, on the GPU by default, YUV planes
+    that the graph converts."""
     if input.startswith("video"):
-        return _plan_video(flatten(transform), input.split()[-1])
+        if video_decoder not in VIDEO_DECODERS:
+            raise ValueError(f"video_decoder must be one of {', '.join(map(repr, VIDEO_DECODERS))}, "
+                             f"got {video_decoder!r}")
+        nvdec = device == "gpu" and video_decoder == "nvdec"
+        yuv = not nvdec and (video_decoder == "pyav-yuv" or (video_decoder == "pyav" and device == "gpu"))
+        return _plan_video(flatten(transform), input.split()[-1], decoder="nvdec" if nvdec else "pyav",
+                           frames="yuv420" if yuv else "rgb")
     transforms = flatten(transform)
     planner = _Planner()
     decode = Step("decode", {}, [])
@@ -585,7 +349,7 @@ def plan(transform, input: str = "image") -> Plan:
     i = 0
     if transforms:
         try:
-            first = lower_transform(transforms[0])
+            first = dali_op(transforms[0])
         except NotLowerable:
             first = None
         if first is not None and first.kind == "random_resized_crop":
@@ -608,13 +372,13 @@ def plan(transform, input: str = "image") -> Plan:
                 out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine)
 
 
-def _plan_video(transforms: list, layout: str) -> Plan:
+def _plan_video(transforms: list, layout: str, decoder: str, frames: str) -> Plan:
     """Clips: NVDEC (or PyAV on the CPU) decodes the frames, the lowerable prefix of the chain runs
     on the whole sequence in the graph, and the rest per clip on the device, never batched across
     clips (the batched stage draws per image). Decoding alone is worth the graph, so a video chain
     is always compiled."""
     planner = _Planner()
-    planner.steps.append(Step("video_decode", dict(layout=layout, decoder="pyav"), []))
+    planner.steps.append(Step("video_decode", dict(layout=layout, decoder=decoder, frames=frames), []))
     tail, reason = list(transforms), "output_format='THWC': the transform gets (T, H, W, C) frames"
     if layout == "TCHW":
         planner.tensor = True  # torchvision hands the transform a uint8 tensor, not a PIL image

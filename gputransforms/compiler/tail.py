@@ -2,7 +2,7 @@
 handed over.
 
 - tail_mode "tensor": the batch stays where it is (the GPU). Each transform runs in the batched
-  stage when ``batched.lower`` has it (torchvision's per-sample parameters, one batched kernel),
+  stage when the registry has a batched kernel for it (torchvision's per-sample parameters, one batched kernel),
   else per sample with torchvision's own tensor kernels; consecutive per-sample transforms share
   one pass over the samples. Before the chain's ToTensor a sample is a uint8 CHW tensor standing in
   for the PIL image, so ToTensor means "scale to float" and PILToTensor/ToImage nothing.
@@ -13,57 +13,9 @@ handed over.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 import torch
-import torchvision.transforms as tv1
 from PIL import Image
 from torch.utils.data import default_collate
-from torchvision.transforms import v2 as tv2
-from torchvision.transforms.v2 import functional as F2
-
-from . import batched
-from .plan import Plan, TO_TENSOR
-
-
-def _scale_to_float(x: torch.Tensor) -> torch.Tensor:
-    return F2.to_dtype(x, torch.float32, scale=True)
-
-
-def on_stand_in(t) -> Optional[Callable]:
-    """What ``t`` means for a uint8 CHW tensor standing in for a PIL image (None: nothing)."""
-    if isinstance(t, (tv1.ToTensor, tv2.ToTensor)):
-        return _scale_to_float
-    if isinstance(t, TO_TENSOR):
-        return None
-    return t
-
-
-def _clips_to_cthw(batch: torch.Tensor) -> torch.Tensor:
-    return batch.permute(0, 2, 1, 3, 4)
-
-
-def stages(plan: Plan) -> list:
-    """(transform, function of the batch or None, stage) for each tail transform, in order;
-    stage is "batched", "per sample", "conversion" (a ToTensor on the stand-in) or "pil"."""
-    out = []
-    for t in plan.tail:
-        if plan.tail_mode == "clip":  # a clip's frames share one draw: never batched across clips
-            if type(t).__name__ == "ConvertBCHWtoCBHW":  # torchvision's video references: (T,C,..) -> (C,T,..)
-                out.append((t, _clips_to_cthw, "batched"))
-            else:
-                out.append((t, t, "per sample"))
-            continue
-        if plan.tail_mode != "tensor":
-            out.append((t, None, "pil"))
-            continue
-        fn = on_stand_in(t)
-        if fn is None or fn is _scale_to_float:
-            out.append((t, fn, "conversion"))
-            continue
-        b = batched.lower(fn)
-        out.append((t, b, "batched") if b is not None else (t, fn, "per sample"))
-    return out
 
 
 def run_stages(batch: torch.Tensor, compiled: list) -> torch.Tensor:
@@ -93,9 +45,9 @@ def run_stages(batch: torch.Tensor, compiled: list) -> torch.Tensor:
     return flush(batch).as_subclass(torch.Tensor)
 
 
-def run_tail(images, plan: Plan, device: torch.device, compiled: list) -> torch.Tensor:
+def run_tail(images, plan, device: torch.device, compiled: list) -> torch.Tensor:
     """``images``: the graph's output batch as a tensor (N,...) or a list of per-sample tensors.
-    ``compiled``: ``stages(plan)``, computed once by the caller (lowering is not per batch work)."""
+    ``compiled``: ``stages.after_graph(plan)``, computed once by the caller (lowering is not per batch work)."""
     if plan.tail_mode in ("tensor", "clip"):
         return run_stages(images if isinstance(images, torch.Tensor) else torch.stack(list(images)), compiled)
     samples = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from .plan import NotLowerable
+from .chain import NotLowerable
 
 _LEVEL_DENOM = 10.0
 _GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
@@ -174,9 +174,9 @@ def _switch(g, chosen, lo: int, hi: int, img, ops: list, layer: dict):
 def _floor(x):
     import nvidia.dali.math as dmath
 
-    from .dali import _is_node
+    from .dali_scalars import is_node
 
-    return dmath.floor(x) if _is_node(x) else float(math.floor(x))
+    return dmath.floor(x) if is_node(x) else float(math.floor(x))
 
 
 def _level_of(op: dict, layer: dict):
@@ -197,7 +197,7 @@ def _argument(op: dict, layer: dict):
     and are not warps (their matrices are built from the signed level directly)."""
     import nvidia.dali.math as dmath
 
-    from .dali import _max, _min
+    from .dali_scalars import smax, smin
 
     name = op["name"]
     lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
@@ -208,21 +208,21 @@ def _argument(op: dict, layer: dict):
     if name == "PosterizeOriginal":
         return _floor(lv * 4.0) + 4.0
     if name == "Solarize":
-        return _min(_floor(lv * 256.0), 256.0)
+        return smin(_floor(lv * 256.0), 256.0)
     if name == "SolarizeIncreasing":
-        return 256.0 - _min(_floor(lv * 256.0), 256.0)
+        return 256.0 - smin(_floor(lv * 256.0), 256.0)
     if name == "SolarizeAdd":
-        return _min(_floor(lv * 110.0), 128.0)
+        return smin(_floor(lv * 110.0), 128.0)
     if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness: 1 +- 0.9 level, at least 0.1
-        return _max(_signed(op, layer) * 0.9 + 1.0, 0.1)
+        return smax(_signed(op, layer) * 0.9 + 1.0, 0.1)
     if name in ("Color", "Contrast", "Brightness", "Sharpness"):
         return lv * 1.8 + 0.1
     if name == "Desaturate":  # level in [0.5, 1]; the blend factor is 1 - level
-        return 1.0 - _min(_max(lv * 0.5 + 0.5, 0.5), 1.0)
+        return 1.0 - smin(smax(lv * 0.5 + 0.5, 0.5), 1.0)
     if name == "GaussianBlur":
-        return _min(_max(lv * 1.9 + 0.1, 0.1), 2.0)
+        return smin(smax(lv * 1.9 + 0.1, 0.1), 2.0)
     if name == "GaussianBlurRand":  # radius uniform in (0.1, 2 * level)
-        return layer["blur"] * (_min(_max(lv, 0.0), 1.0) * 2.0 - 0.1) + 0.1
+        return layer["blur"] * (smin(smax(lv, 0.0), 1.0) * 2.0 - 0.1) + 0.1
     return None  # AutoContrast, Equalize, Invert take no argument
 
 
@@ -234,9 +234,9 @@ def _signed(op: dict, layer: dict):
 
 def _dev(g, x):
     """A per-sample number where the image is (a Python number stays one)."""
-    from .dali import _is_node
+    from .dali_scalars import is_node
 
-    return x.gpu() if g.device == "gpu" and _is_node(x) else x
+    return x.gpu() if g.device == "gpu" and is_node(x) else x
 
 
 def _const(g, values, device=None):
@@ -293,10 +293,10 @@ def _warp_matrix(g, op: dict, layer: dict):
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
 
-    from .dali import _float
+    from .dali_scalars import as_float
 
     name, s = op["name"], _signed(op, layer)
-    w, h = _float(g.w), _float(g.h)
+    w, h = as_float(g.w), as_float(g.h)
     if name == "Rotate":  # PIL's Image.rotate by 30 * level degrees counter-clockwise: a = -radians(degrees)
         rad = s * (-30.0 * math.pi / 180.0)
         c, n = dmath.cos(rad), dmath.sin(rad)
@@ -321,7 +321,7 @@ def _apply(g, img, op: dict, layer: dict):
     import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
-    from .dali import _is_node, _max
+    from .dali_scalars import is_node, smax
 
     name = op["name"]
     if name in _GEOMETRIC:
@@ -338,7 +338,7 @@ def _apply(g, img, op: dict, layer: dict):
         return _to_uint8((fn.cast(img, dtype=types.FLOAT) - lo * stretch) * scale)
     v = _argument(op, layer)
     if name.startswith("Posterize"):  # keep the top `bits` bits: & (256 - 2 ** (8 - bits))
-        if not _is_node(v):
+        if not is_node(v):
             return img & types.Constant(int(256 - 2 ** (8 - int(v))), dtype=types.UINT8)
         return img & _dev(g, fn.cast(dmath.pow(2.0, 8.0 - v) * -1.0 + 256.0, dtype=types.UINT8))
     if name.startswith("Solarize") and name != "SolarizeAdd":  # i < thresh ? i : 255 - i
@@ -348,7 +348,7 @@ def _apply(g, img, op: dict, layer: dict):
         below = img < types.Constant(128, dtype=types.UINT8)
         return fn.cast(img + below * _dev(g, v), dtype=types.UINT8)  # (the cast saturates at 255)
     if name in ("GaussianBlur", "GaussianBlurRand"):  # PIL's GaussianBlur(radius), radius as sigma
-        return fn.gaussian_blur(img, sigma=_max(v, 0.1))
+        return fn.gaussian_blur(img, sigma=smax(v, 0.1))
     x = fn.cast(img, dtype=types.FLOAT)
     factor = _dev(g, v)
     if name in ("Brightness", "BrightnessIncreasing"):  # blend with black

@@ -9,7 +9,7 @@ Python draw costs more than the image's whole augmentation:
 
 - RandomCrop (padding of any mode, pad_if_needed), RandomHorizontalFlip, RandomVerticalFlip.
 
-The rest go where the tail sends them: the batched stage (``batched.lower``: Normalize, dtype
+The rest go where the tail sends them (``stages.in_memory``): the batched stage (Normalize, dtype
 conversions, ColorJitter, RandomErasing, ...), else torchvision per sample on the device. A
 transform that needs a PIL image (tensor kernels missing or meaning something else) makes the chain
 ``NotLowerable``: the loader then runs on torch's DataLoader.
@@ -19,15 +19,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torchvision.transforms as tv1
 import torchvision.transforms.functional as F1
-from torchvision.transforms import v2 as tv2
 
 from .. import _compat
-from . import batched
-from .batched import _dev
-from .plan import TO_TENSOR, NotLowerable, flatten, tensor_capable
-from .tail import on_stand_in, run_stages as run  # noqa: F401 - arrays.py runs the stages
+from .batched import to_dev
 
 
 class Vectorized:
@@ -41,10 +36,10 @@ class Vectorized:
         self.out_shape = out_shape or (lambda shape: shape)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.apply(x, _dev(self.draw(x.shape), x.device))
+        return self.apply(x, to_dev(self.draw(x.shape), x.device))
 
 
-def _random_crop(t) -> Optional[Vectorized]:
+def lower_random_crop(t) -> Optional[Vectorized]:
     left, top, right, bottom = _compat.padding_ltrb(t)
     fill = _compat.constant_fill(t)
     if fill is None or len(set(fill)) != 1:
@@ -82,7 +77,7 @@ def _random_crop(t) -> Optional[Vectorized]:
     return Vectorized(2, draw, apply, lambda shape: (*shape[:-2], th, tw))
 
 
-def _flip(dim: int):
+def lower_flip(dim: int):
     def build(t) -> Vectorized:
         def draw(shape) -> torch.Tensor:
             return (torch.rand(shape[0]) < t.p).to(torch.int64)[:, None]
@@ -91,38 +86,3 @@ def _flip(dim: int):
             return torch.where(p[:, 0, None, None, None] > 0, x.flip(dim), x)
         return Vectorized(1, draw, apply)
     return build
-
-
-VECTORIZED = {
-    tv1.RandomCrop: _random_crop, tv2.RandomCrop: _random_crop,
-    tv1.RandomHorizontalFlip: _flip(-1), tv2.RandomHorizontalFlip: _flip(-1),
-    tv1.RandomVerticalFlip: _flip(-2), tv2.RandomVerticalFlip: _flip(-2),
-}
-
-
-def stages(transform, pil: bool = True) -> list:
-    """(transform, function of the batch or None, stage) for each transform of the chain; stage is
-    "vectorized", "batched", "per sample" or "conversion". ``pil``: the chain starts on PIL images."""
-    out = []
-    image_state = pil
-    for t in flatten(transform):
-        if image_state and isinstance(t, TO_TENSOR):
-            image_state = False
-            fn = on_stand_in(t)
-            out.append((t, fn, "conversion"))
-            continue
-        if not tensor_capable(t):
-            raise NotLowerable(f"{type(t).__name__} needs a PIL image (its tensor kernels differ or are missing)")
-        cls = next((c for c in type(t).__mro__ if c in VECTORIZED), None)
-        overridden = cls is not None and any(getattr(type(t), m, None) is not getattr(cls, m, None)
-                                             for m in batched._BEHAVIOUR)  # a subclass with its own forward
-        fn = VECTORIZED[cls](t) if cls is not None and not overridden else None
-        if fn is not None:
-            out.append((t, fn, "vectorized"))
-            continue
-        fn = batched.lower(t)
-        out.append((t, fn, "batched") if fn is not None else (t, t, "per sample"))
-    if image_state:
-        raise TypeError("the transform chain ends with a PIL image, which cannot be batched (torch's "
-                        "default_collate raises too); end it with ToTensor() or PILToTensor()")
-    return out

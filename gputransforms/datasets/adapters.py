@@ -20,15 +20,12 @@ from torchvision.datasets import DatasetFolder
 from torchvision.datasets.folder import default_loader, pil_loader
 from torchvision.datasets.vision import StandardTransform
 
-from .. import _compat
+from .. import _compat, files
+from ..errors import NotCompilable  # noqa: F401 - adapters.NotCompilable, as before
 from . import discover
 from .imagelist import ImageList
 from .inmemory import ARRAY_ADAPTERS
 from .video import VIDEO_ADAPTERS
-
-
-class NotCompilable(Exception):
-    """The dataset cannot be fed to a compiled graph; the message says why in one line."""
 
 
 @dataclasses.dataclass
@@ -66,8 +63,6 @@ class FileSamples:
     def reader(self, *, gpu: bool, check_jpeg_scan: bool) -> Callable[[int], Any]:
         """Sample index -> what the graph's external source takes for it (the encoded file), run in
         reader threads; raises ``files.BadSampleError`` naming the file."""
-        from .. import files
-
         paths = self.paths
         return lambda i: files.prepare(i, paths[i], small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
 
@@ -210,9 +205,9 @@ def resolve(dataset) -> FileSamples:
         if adapter is None:
             continue
         if type(dataset).__getitem__ is cls.__getitem__:
-            files = adapter(dataset)
-            files.origin = files.origin or f"{cls.__name__}'s files and targets (datasets/adapters.py)"
-            return files
+            samples = adapter(dataset)
+            samples.origin = samples.origin or f"{cls.__name__}'s files and targets (datasets/adapters.py)"
+            return samples
         break
     if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile")

@@ -24,6 +24,8 @@ import threading
 
 from PIL import Image
 
+from ..errors import NotCompilable
+
 _local = threading.local()
 _lock = threading.Lock()
 _installed = [0, None]  # users of the interception, the real PIL.Image.open
@@ -106,7 +108,6 @@ def transform_attribute(ds) -> str:
 def discover(ds):
     """``(paths, targets, transform)`` of a user's map-style dataset, one entry per index; raises
     ``NotCompilable`` (from ``adapters``) when ``__getitem__`` does not follow the pattern above."""
-    from .adapters import NotCompilable
 
     name = type(ds).__name__
     try:

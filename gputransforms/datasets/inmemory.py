@@ -15,6 +15,8 @@ import torch
 import torch.utils.data as tud
 import torchvision.datasets as tvd
 
+from ..errors import NotCompilable
+
 
 class ArraySamples:
     """Index ``i`` is ``transform(PIL image of images[i])`` (or ``images[i]`` itself for a
@@ -80,7 +82,6 @@ def _stl10(ds) -> ArraySamples:
 
 
 def _tensor_dataset(ds: tud.TensorDataset) -> ArraySamples:
-    from .adapters import NotCompilable
 
     images = ds.tensors[0]
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] not in (1, 3):

@@ -27,6 +27,7 @@ from torchvision.datasets.video_utils import VideoClips as _TVVideoClips
 
 from .. import _compat, video
 from ..device import to_device
+from ..errors import BadSampleError
 
 
 class ClipSamples:
@@ -76,7 +77,6 @@ class ClipSamples:
         """Sample index -> the graph's inputs for it: on the GPU the file's bytes (NVDEC decodes them
         in the graph), the frame indices and the size; on the CPU the decoded frames and the size,
         or with ``planes`` their YUV planes, matrix and size (``video.read_planes``)."""
-        from ..files import BadSampleError
 
         def read(i: int):
             path = self.paths[i]

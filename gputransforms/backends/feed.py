@@ -16,8 +16,8 @@ from typing import Callable, Optional
 import torch
 import torch.utils.data as tud
 
-from . import files
-from .datasets.adapters import FileSamples
+from .. import files
+from ..datasets.adapters import FileSamples
 
 
 class EpochFeed:

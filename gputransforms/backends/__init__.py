@@ -1,0 +1,42 @@
+"""Backends: how a DataLoader's batches are made. The face (``gputransforms.loader``) builds the
+``Settings`` from its arguments and asks ``choose`` for one backend, which then owns its iterator:
+
+- ``compiled``: the dataset's files through one DALI graph (``CompiledGraph``; video clips too, whose
+  frames come from decoder processes in ``feed``);
+- ``arrays``: in-memory datasets, batched on the device (``DeviceArraysBackend``);
+- ``workers``: torch's own DataLoader and its worker processes, for what does not compile (``TorchWorkers``).
+
+``choose`` asks in order; the first backend that takes the dataset wins. A new kind of data is a new
+module here and one line in ``_CHOOSERS``.
+"""
+from __future__ import annotations
+
+from ..datasets.adapters import resolve
+from ..device import dali_available
+from . import arrays, compiled
+from .base import Backend, EpochIterator, Sampling, Settings
+from .workers import TorchWorkers
+
+__all__ = ["Backend", "EpochIterator", "Sampling", "Settings", "choose"]
+
+
+def _per_sample_items(settings: Settings, dataset, resolve):
+    if settings.batch_size is None and settings.batch_sampler is None:
+        return TorchWorkers(settings, "batch_size=None: per-sample items, not batches")
+    return None
+
+
+def _without_dali(settings: Settings, dataset, resolve):
+    return None if dali_available() else TorchWorkers(settings, "NVIDIA DALI is not installed")
+
+
+_CHOOSERS = (_per_sample_items, arrays.choose, _without_dali, compiled.choose)
+
+
+def choose(settings: Settings, dataset) -> Backend:
+    """The first backend, in ``_CHOOSERS``' order, that takes ``dataset``."""
+    for chooser in _CHOOSERS:
+        backend = chooser(settings, dataset, resolve)
+        if backend is not None:
+            return backend
+    raise AssertionError("compiled.choose always answers")  # pragma: no cover

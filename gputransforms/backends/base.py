@@ -1,0 +1,160 @@
+"""What every backend shares: the loader's settings (``Settings``), one epoch's sampling (``Sampling``),
+and the iterator base (``EpochIterator``) that holds resume bookkeeping and error naming once.
+
+An epoch's order is a function of the random state its iterator starts from (``gputransforms.state``):
+each iterator records that state and the batches it handed out, and a resumed one restores it,
+lets the sampler draw the same order again and skips the batches already handed out.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import torch
+import torch.utils.data as tud
+
+from .. import state
+from ..device import rank_tag
+from ..errors import BadSampleError
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The loader's arguments that backends read (``DataLoader`` keeps each as a public attribute too)."""
+
+    device: str
+    seed: Optional[int]
+    on_error: str
+    validate_jpeg: bool
+    hw_decoder_load: float
+    jpeg_fancy_upsampling: bool
+    video_decoder: str
+    num_threads: int  # DALI's CPU threads; also the video decoders' worker processes
+    num_workers: int  # as the user gave it (torch's workers, on the torchvision path)
+    prefetch_queue_depth: int
+    collate: Optional[Callable]  # the user's collate_fn, None for torch's default_collate
+    batch_size: Optional[int]
+    batch_sampler: Any
+
+
+@dataclasses.dataclass
+class Sampling:
+    """One epoch's sampling, as the face hands it to a backend: torch's index sampler (iterated as
+    torch's iterator iterates it), the loader's generator, its ``len()`` (a function: an iterable dataset
+    may have none) and ``torch_iter``, torch's own iterator over the loader (the torchvision backend's)."""
+
+    index_sampler: Any
+    generator: Optional[torch.Generator]
+    length: Callable[[], int]
+    torch_iter: Callable
+
+
+class EpochIterator:
+    """One pass over the sampler. Subclasses implement ``_next()`` (the next batch, or StopIteration)
+    and may override ``random_state()``; this base restores a saved position's random state, counts
+    the batches handed out, and tags errors with the torchrun rank."""
+
+    def __init__(self, sampling: Sampling, resume: Optional[state.Position]):
+        self.length = sampling.length
+        if resume is not None:
+            state.set_rng_state(sampling.generator, resume.rng)
+        self.rng_start = state.rng_state(sampling.generator)
+        self.yielded, self.done = 0, False
+        self.skipped: list = [] if resume is None else [BadSampleError(*s) for s in resume.skipped]
+
+    def resume_at(self, batches, resume: Optional[state.Position]):
+        """Advance ``batches`` (index batches, nothing loaded) past those the saved iterator handed out,
+        and give the batched stage's draws the global RNG they had then."""
+        if resume is not None:
+            state.skip_batches(batches, resume.batches)
+            self.yielded = resume.batches
+            if resume.rng_now is not None:
+                torch.set_rng_state(resume.rng_now)
+        return batches
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self.length()
+
+    def random_state(self) -> tuple:
+        """(DALI checkpoint, torch's global RNG) after the batches handed out so far."""
+        return None, None
+
+    def _next(self):
+        raise NotImplementedError
+
+    def __next__(self):
+        try:
+            batch = self._next()
+        except StopIteration:
+            self.done = True
+            raise
+        except Exception as e:
+            raise tagged_with_rank(e)
+        self.yielded += 1
+        return batch
+
+    def position(self) -> state.Position:
+        skipped = [(e.index, e.path, e.reason) for e in self.skipped]
+        return state.Position(self.rng_start, self.yielded, skipped, *self.random_state())
+
+
+class Backend:
+    """How a loader's batches are made. ``name`` is what ``DataLoader.backend`` says; ``reason`` why a
+    faster backend was not taken; ``plan`` the compiled chain where there is one."""
+
+    name = ""
+    plan = None
+    reason = ""
+    origin = ""  # how the dataset's samples were found, for explain()
+
+    def iterator(self, sampling: Sampling, resume: Optional[state.Position]) -> EpochIterator:
+        raise NotImplementedError
+
+    def explain(self) -> str:
+        raise NotImplementedError
+
+    def fallback(self) -> Optional[str]:
+        """The one-line FallbackWarning of this backend, or None: what runs as torchvision runs it."""
+        return None
+
+    def close(self) -> None:
+        """Release threads, processes and pipelines now (a later iteration starts them again)."""
+
+
+def tagged_with_rank(err: Exception) -> Exception:
+    """Under torchrun, a loader's error says which rank raised it (the others then stop at their
+    next collective: torchrun ends them when this process exits)."""
+    tag = rank_tag()
+    if tag and err.args and isinstance(err.args[0], str) and tag not in err.args[0]:
+        err.args = (f"[{tag}] {err.args[0]}",) + err.args[1:]
+    return err
+
+
+def is_sharded(sampler, depth: int = 3) -> bool:
+    """Whether a sampler (or one it wraps) hands each rank its own part: DistributedSampler,
+    Lightning's wrappers of it, Accelerate's BatchSamplerShard."""
+    if sampler is None or depth == 0:
+        return False
+    if isinstance(sampler, tud.distributed.DistributedSampler) or hasattr(sampler, "num_replicas") \
+            or hasattr(sampler, "num_processes"):
+        return True
+    return any(is_sharded(getattr(sampler, a, None), depth - 1) for a in ("sampler", "batch_sampler"))
+
+
+def unsharded_warning(sampler, batch_sampler) -> Optional[str]:
+    """The UnshardedWarning's text when torch.distributed runs several ranks over an unsharded sampler."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.get_world_size()
+    if world < 2 or is_sharded(sampler) or is_sharded(batch_sampler):
+        return None
+    return (f"gputransforms: torch.distributed runs {world} ranks but this DataLoader's sampler is not "
+            f"distributed, so rank {dist.get_rank()} gets every sample of every epoch: pass "
+            "sampler=DistributedSampler(dataset) and call sampler.set_epoch(epoch) each epoch (Lightning "
+            "and Accelerate inject one themselves)")
+

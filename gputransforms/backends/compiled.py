@@ -1,0 +1,344 @@
+"""The compiled backend: a dataset's files (``datasets.adapters``) read ahead in threads, or clips
+decoded in worker processes (``feed``), fed in sampler order to one DALI graph per live iterator
+(``compiler.dali``); what the graph hands over is finished by ``compiler.handoff.finish``.
+
+Labels never travel through DALI: each batch's indices are queued when its files are fed and popped
+when its images come out, in order. Each ``iter(loader)`` is an independent pass with a pipeline of its
+own (``feed.PipelineSlot``), so several live iterators each yield a full epoch.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import torch
+import torch.utils.data as tud
+
+from .. import files, state
+from ..compiler import handoff
+from ..compiler.chain import TO_TENSOR
+from ..compiler.plan import plan as make_plan
+from ..compiler.stages import after_graph
+from ..datasets.adapters import FileSamples
+from ..device import cuda_connections_note, to_device, torch_device
+from ..errors import BadSampleError, NotCompilable, SkippedSamplesWarning
+from .base import Backend, EpochIterator, Sampling, Settings
+from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed
+from .workers import TorchWorkers
+
+
+def choose(settings: Settings, dataset, resolve) -> Backend:
+    """The compiled backend for a dataset whose files the adapters find (``resolve``) and whose chain
+    compiles; else torch's workers, with the reason."""
+    try:
+        samples = resolve(dataset)
+    except NotCompilable as e:
+        return TorchWorkers(settings, str(e))
+    p = make_plan(samples.transform, samples.plan_input, device=settings.device, video_decoder=settings.video_decoder)
+    if not p.compiled:
+        return TorchWorkers(settings, p.tail_reason, p, samples.origin)
+    if p.output == "image" and not p.tail and settings.collate is None:
+        raise TypeError("the transform chain ends with a PIL image, which cannot be batched "
+                        "(torch's default_collate raises too); end it with ToTensor() or PILToTensor()")
+    if p.tail and p.tail_mode == "pil" and settings.num_workers > 0:
+        # After the graph these would run per sample on PIL images in this one thread: timm's
+        # RandAugment chain measured 426 img/s that way on an H100 host against 2,317 img/s on
+        # torch's DataLoader with 16 workers (benchmarks/results/h100-timm-ra.json).
+        names = ", ".join(sorted({type(t).__name__ for t in p.tail if not isinstance(t, TO_TENSOR)}))
+        return TorchWorkers(settings, f"{names} need(s) PIL images; per sample they run faster in torch's "
+                                      f"{settings.num_workers} worker processes than in the main thread after "
+                                      "the DALI graph (pass num_workers=0 to keep the graph)", p, samples.origin)
+    return CompiledGraph(settings, samples, p)
+
+
+class CompiledGraph(Backend):
+    name = "dali"
+
+    def __init__(self, settings: Settings, samples: FileSamples, plan):
+        self.settings, self.files, self.plan = settings, samples, plan
+        self.origin = samples.origin
+        self.stages = after_graph(plan)
+        self.idle: list = []  # PipelineSlots no live iterator holds
+        self.pool: Optional[ThreadPoolExecutor] = None
+        self._max_batch_size: Optional[int] = None
+
+    def iterator(self, sampling: Sampling, resume: Optional[state.Position]) -> EpochIterator:
+        return CompiledIterator(self, sampling, resume)
+
+    def explain(self) -> str:
+        lines = []
+        if self.settings.collate is not None:
+            c = self.settings.collate
+            lines.append(f"  collate_fn {getattr(c, '__name__', type(c).__name__)} runs on each compiled batch")
+        if self.settings.device == "gpu" and cuda_connections_note():
+            lines.append(f"  {cuda_connections_note()}")
+        return "\n".join(lines + [self.plan.explain(self.settings.device)])
+
+    def fallback(self) -> Optional[str]:
+        slow = [type(t).__name__ for t, _, stage in self.stages if stage in ("per sample", "pil")]
+        if not slow:
+            return None
+        why = "a callable before ToTensor expects a PIL image" if self.plan.tail_mode == "pil" else \
+            "no DALI or batched lowering"
+        return (f"{', '.join(slow)} run(s) per sample with torchvision after the DALI graph ({why}; the graph ends "
+                f"at {self.plan.tail_reason})")
+
+    # pipelines -----------------------------------------------------------------------------------
+    def acquire_slot(self) -> PipelineSlot:
+        slot = self.idle.pop() if self.idle else PipelineSlot()
+        slot.drain()
+        return slot
+
+    def release_slot(self, slot: PipelineSlot, *, dirty: bool):
+        slot.dirty = dirty
+        if not dirty:
+            slot.epoch = None
+        self.idle.append(slot)
+
+    def build_pipeline(self, slot: PipelineSlot, seed: int, checkpoint: Optional[bytes] = None):
+        from ..compiler.dali import build_pipeline  # DALI is imported only on the compiled path
+
+        s = self.settings
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=max(1, min(4, s.num_threads)),
+                                           thread_name_prefix="gputransforms-read")
+        # no_copy: DALI reads the files where the reader threads put them; copied in, they cost the
+        # main thread (schedule_run runs the callback) a memcpy of every batch's files
+        slot.pipe = build_pipeline(self.plan, slot.callback(keep=s.prefetch_queue_depth + 2), device=s.device,
+                                   batch_size=self._max_batch_size, num_threads=s.num_threads, seed=seed,
+                                   prefetch_queue_depth=s.prefetch_queue_depth, hw_decoder_load=s.hw_decoder_load,
+                                   jpeg_fancy_upsampling=s.jpeg_fancy_upsampling, checkpoint=checkpoint,
+                                   no_copy=True, raw_output=self.plan.hands_over_raw(s.device))
+
+    def max_batch(self, sampling: Sampling) -> int:
+        """The largest batch the index sampler gives (the pipeline's batch size), found before an
+        epoch starts: a custom batch sampler may share one iterator between its iter() calls
+        (Lightning's _IndexBatchSamplerWrapper does), and scanning it must not draw from the RNG."""
+        if self._max_batch_size is None:
+            size = self.settings.batch_size or declared_batch_size(self.settings.batch_sampler)
+            if size is None:  # a batch sampler that declares no size: scan it (it may count its passes)
+                gen = sampling.generator
+                gen_state = gen.get_state() if gen is not None else None
+                with torch.random.fork_rng(devices=[]):
+                    size = max((len(b) for b in sampling.index_sampler), default=1)
+                if gen_state is not None:
+                    gen.set_state(gen_state)
+            self._max_batch_size = size
+        return self._max_batch_size
+
+    def new_epoch(self, batches, skipped: list, slot: PipelineSlot) -> EpochFeed:
+        s, first = self.settings, self.plan.steps[0]
+        if first.op == "video_decode" and first.args["decoder"] == "pyav":
+            if slot.decoders is None:
+                slot.decoders = ProcessDecoders(self.files, s.num_threads, lookahead=s.prefetch_queue_depth + 2,
+                                                planes=first.args["frames"] == "yuv420")
+            return ProcessEpochFeed(slot.decoders, batches, skip=s.on_error == "skip", skipped=skipped)
+        return EpochFeed(self.files, batches, self.pool, lookahead=s.prefetch_queue_depth + 2,
+                         skip=s.on_error == "skip", gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
+                         skipped=skipped)
+
+    def labels(self, indices, dev: torch.device):
+        f = self.files
+        if f.target_transforms is None and all(type(f.targets[i]) is int for i in indices):
+            labels = torch.as_tensor([f.targets[i] for i in indices], dtype=torch.int64)
+        else:
+            labels = tud.default_collate([f.target(i) for i in indices])
+        return to_device(labels, dev)
+
+    def close(self):
+        idle, self.idle = self.idle, []
+        for slot in idle:
+            slot.close()  # video decoding worker processes end now, not at a later garbage collection
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __del__(self):
+        # the loader and every iterator over it are gone: stop the reader threads without waiting
+        # (nothing is asked of them). Not at interpreter exit, where the pool's own modules are gone
+        # (torch's DataLoader is silent there too).
+        pool = getattr(self, "pool", None)
+        if pool is not None and not sys.is_finalizing():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def declared_batch_size(batch_sampler, depth: int = 4) -> Optional[int]:
+    """The ``batch_size`` a batch sampler, or one it wraps, declares (Accelerate's SkipBatchSampler
+    wraps its BatchSamplerShard, which wraps torch's BatchSampler): no iteration, which a stateful
+    sampler would count as a pass (Accelerate's SeedableRandomSampler advances its epoch)."""
+    while batch_sampler is not None and depth > 0:
+        size = getattr(batch_sampler, "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+        batch_sampler, depth = getattr(batch_sampler, "batch_sampler", None), depth - 1
+    return None
+
+
+class CompiledIterator(EpochIterator):
+    """One pass over the sampler through a pipeline of its own: torch's ``_BaseDataLoaderIter``
+    draws (the sampler's order, then the base seed from ``generator``) in the same order."""
+
+    def __init__(self, backend: CompiledGraph, sampling: Sampling, resume: Optional[state.Position] = None):
+        self.backend = backend
+        self.slot = backend.acquire_slot()
+        super().__init__(sampling, resume)
+        backend.max_batch(sampling)  # before the epoch's iter(): see there
+        self.batches = iter(sampling.index_sampler)
+        base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()
+        s = backend.settings
+        self.seed = s.seed if s.seed is not None else base_seed % (2 ** 31)
+        self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
+        if resume is not None and resume.dali is not None:  # random operators go on where the saved pipeline stood
+            backend.build_pipeline(self.slot, self.seed + len(self.skipped), checkpoint=resume.dali)
+        if self.slot.pipe is None:
+            backend.build_pipeline(self.slot, self.seed)
+        self.resume_at(self.batches, resume)
+        self.epoch: Optional[EpochFeed] = None  # started by the first next(): the sampler draws then, as torch's
+        self.dev = torch_device(s.device)
+        self.stream = torch.cuda.current_stream(self.dev) if self.dev.type == "cuda" else None
+        from ..compiler.dali import to_torch  # DALI is imported only on the compiled path
+
+        self.to_torch = to_torch
+        self.raw = backend.plan.hands_over_raw(s.device)  # the graph hands over raw uint8 pixels
+        self.scheduled = False
+        self.first = True
+
+    def random_state(self) -> tuple:
+        pipe = self.slot.pipe if self.slot is not None else None
+        if pipe is None or self.epoch is None:  # nothing drawn since this iterator started
+            return self.resumed_random
+        return pipe.checkpoint() if self.backend.plan.checkpointable else None, torch.get_rng_state()
+
+    def _next(self):
+        if self.done:
+            raise StopIteration
+        b, slot = self.backend, self.slot
+        while True:
+            pipe = slot.pipe
+            try:
+                if not self.scheduled:
+                    if self.epoch is None:
+                        self.epoch = slot.epoch = b.new_epoch(self.batches, self.skipped, slot)
+                    self.scheduled = True
+                    pipe.schedule_run()
+                out = pipe.outputs(self.stream) if self.stream is not None else pipe.outputs()
+                break
+            except StopIteration:
+                self._end_of_epoch()
+            except RuntimeError as e:
+                err = name_failure(e, list(self.epoch.in_flight[0]) if self.epoch.in_flight else [], b.files)
+                if b.settings.on_error == "skip" and isinstance(err, BadSampleError):
+                    self._restart_after_decode_error(err)
+                    continue
+                slot.pipe = None  # the pipeline object is dead after any error
+                self._release(dirty=False)
+                raise err from e
+        indices = self.epoch.in_flight.popleft()
+        images = self.to_torch(out[0])
+        pipe.schedule_run()
+        images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw)
+        if b.settings.collate is None:
+            return b.files.batch(images, b.labels(indices, self.dev), self.dev, indices)
+        return self._collate(images, indices)
+
+    def _collate(self, images, indices):
+        """The user's collate_fn on what torch would hand it: per-sample (image, target) pairs."""
+        collate = self.backend.settings.collate
+        batch = self.backend.files.items(images.unbind(0) if isinstance(images, torch.Tensor) else images, indices)
+        first, self.first = self.first, False
+        try:
+            return to_device(collate(batch), self.dev)
+        except Exception as e:  # noqa: BLE001 - any failure on the first batch gets the explanation
+            if not first:
+                raise
+            name = getattr(collate, "__name__", type(collate).__name__)
+            msg = (f"{e}\n(gputransforms: collate_fn {name} failed on the first compiled batch. It receives what "
+                   f"torch's DataLoader gives it, a list of (image, target) pairs, but each image is already "
+                   f"transformed: a {tuple(batch[0][0].shape)} {batch[0][0].dtype} tensor on {batch[0][0].device}. "
+                   "Make it work on tensors (e.g. .cpu() before .numpy()), or use torch.utils.data.DataLoader "
+                   "for this loader.)")
+            try:
+                err = type(e)(msg)
+            except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+                err = RuntimeError(msg)
+            raise err from e
+
+    def _restart_after_decode_error(self, bad: BadSampleError):
+        """on_error="skip" and DALI failed on a file PIL cannot decode either: the pipeline object
+        is dead after any error, so build a new one and feed it again, in order, every batch that
+        was in flight (without the bad file) before the rest of the epoch."""
+        self.skipped.append(bad)
+        done = {e.index for e in self.skipped}  # this one, and those the reader threads already left out
+        pending = [[i for i in b if i not in done] for b in self.epoch.pending()]
+        self.epoch.stop()
+        self.slot.pipe = None
+        self.backend.build_pipeline(self.slot, self.seed + len(self.skipped))
+        self.epoch = self.slot.epoch = self.backend.new_epoch(
+            itertools.chain([b for b in pending if b], self.epoch.batches), self.skipped, self.slot)
+        self.scheduled = False
+
+    def _end_of_epoch(self):
+        self.done = True
+        self.slot.pipe.reset()
+        epoch = self.epoch
+        self._release(dirty=False)
+        if epoch.error is not None:
+            raise epoch.error
+        if self.skipped:
+            shown = "; ".join(f"{e.index}: {e.path} ({e.reason})" for e in self.skipped[:5])
+            warnings.warn(f"gputransforms: skipped {len(self.skipped)} sample(s) this epoch "
+                          f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=4)
+        raise StopIteration
+
+    def _release(self, *, dirty: bool):
+        slot, self.slot = self.slot, None
+        self.done = True
+        if slot is not None:
+            self.backend.release_slot(slot, dirty=dirty)
+
+    def close(self):
+        """Stop this pass early; its pipeline goes back to the loader for the next iterator."""
+        self._release(dirty=True)
+
+    def __del__(self):
+        if getattr(self, "slot", None) is not None:
+            try:
+                self._release(dirty=True)
+            except Exception:  # noqa: BLE001 - at interpreter exit the loader may be half gone
+                pass
+
+
+def name_failure(err: Exception, indices, samples: FileSamples) -> Exception:
+    """DALI reports "Critical error in pipeline" without the file. Find it: first a file PIL (PyAV for a
+    clip) cannot decode, else the sample on which torchvision's own run of the chain raises (an image smaller
+    than RandomCrop's size, say), re-raised as torchvision's exception type with the file named."""
+    paths = samples.paths
+    text = str(err)
+    if "out of memory" in text.lower() or "cudaErrorMemoryAllocation" in text:
+        return MemoryError(f"gputransforms: the GPU ran out of memory on a batch of {len(indices)} images; reduce "
+                           "batch_size or prefetch_factor (batches prepared ahead), or resize earlier in the chain "
+                           f"(DALI: {text.strip().splitlines()[-1] if text.strip() else 'out of memory'})")
+    for i in indices:
+        path = paths[i]
+        try:
+            samples.load(i)
+        except Exception as pil_err:  # noqa: BLE001 - any failure to decode names the file
+            reason = getattr(pil_err, "reason", None) or f"cannot be decoded ({type(pil_err).__name__}: {pil_err})"
+            return files.BadSampleError(i, path, reason)
+    if samples.transform is not None:
+        for i in indices:
+            path = paths[i]
+            try:
+                samples.transform(samples.load(i))
+            except Exception as tv_err:  # noqa: BLE001 - torchvision's exception is the answer
+                try:
+                    return type(tv_err)(f"{tv_err} (sample {i}: {path})")
+                except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+                    return RuntimeError(f"gputransforms: sample {i} ({path}): {type(tv_err).__name__}: {tv_err}")
+    named = ", ".join(f"{i}: {paths[i]}" for i in indices[:8])
+    more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return RuntimeError(f"gputransforms: DALI failed on the batch of samples {named}{more}: {first_line}")

@@ -1,0 +1,127 @@
+"""What a transform chain is, before anything is lowered: its transforms in order (``flatten``), which
+of them hand PIL images on as tensors (``TO_TENSOR``), which have tensor kernels with their PIL
+meaning (``tensor_capable``), and which are a user's own code (``user_override``).
+
+A user's subclass of a torchvision (or timm) transform that overrides one of the methods that carry
+its behaviour is the user's transform, whatever its base: it runs as the user wrote it, on what
+torchvision would hand it. Only a subclass whose behaviour is provably the stock one (it overrides
+none of those methods: a new ``__init__`` default, an extra attribute) is lowered as its base.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torchvision.transforms as tv1
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import v2 as tv2
+
+from .. import _compat
+from ..errors import NotLowerable  # noqa: F401 - the compiler's answer for "no lowering", raised from here on
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """A backend-neutral record of one transform's arguments, as the DALI planner reads them."""
+
+    kind: str
+    args: dict
+    source: Any  # the user's transform object
+
+
+#: the methods that carry a transform's behaviour (v1: forward/get_params, v2: forward/transform/
+#: make_params, older v2: _transform/_get_params); a subclass overriding one is the user's own transform
+BEHAVIOUR = ("forward", "__call__", "get_params", "make_params", "_get_params", "transform", "_transform")
+
+#: modules whose classes are stock transforms (what the registry and the tensor-capability rule know)
+_STOCK_MODULES = ("torchvision.", "timm.")
+
+
+def overridden(cls: type, base: type) -> Optional[str]:
+    """The first behaviour method that ``cls`` defines differently from ``base``, or None."""
+    for m in BEHAVIOUR:
+        if getattr(cls, m, None) is not getattr(base, m, None):
+            return m
+    return None
+
+
+def stock_base(cls: type) -> Optional[type]:
+    """The nearest torchvision or timm class in ``cls``'s MRO (``cls`` itself when it is one)."""
+    return next((c for c in cls.__mro__ if c.__module__.startswith(_STOCK_MODULES)), None)
+
+
+def user_override(t) -> Optional[str]:
+    """Why ``t`` is a user's own transform though it subclasses a stock one ("MyCrop overrides
+    RandomResizedCrop.forward"), or None (a stock class, or a subclass with stock behaviour)."""
+    cls = type(t)
+    base = stock_base(cls)
+    if base is None or base is cls:
+        return None
+    method = overridden(cls, base)
+    return None if method is None else f"{cls.__name__} overrides {base.__name__}.{method}"
+
+
+def _stock_compose(t) -> bool:
+    return isinstance(t, (tv1.Compose, tv2.Compose)) and user_override(t) is None
+
+
+def flatten(transform) -> list:
+    """The chain's transforms in order: Compose (ours, torchvision's v1 and v2) and the reference
+    presets' wrappers opened, Identity and ToPureTensor dropped."""
+    if transform is None:
+        return []
+    if _stock_compose(transform):
+        out = []
+        for t in transform.transforms:
+            out.extend(flatten(t))
+        return out
+    if isinstance(transform, (tv2.Identity, tv2.ToPureTensor)) and user_override(transform) is None:
+        return []  # ToPureTensor only unwraps tv_tensors: our batches are plain tensors already
+    if type(transform).__name__ in PRESET_WRAPPERS and isinstance(getattr(transform, "transforms", None),
+                                                                  (tv1.Compose, tv2.Compose)):
+        return flatten(transform.transforms)
+    return [transform]
+
+
+#: torchvision's classification references wrap a Compose in a class whose __call__ is
+#: ``self.transforms(img)`` (references/classification/presets.py); users copy those classes.
+PRESET_WRAPPERS = {"ClassificationPresetTrain", "ClassificationPresetEval", "VideoClassificationPresetTrain",
+                   "VideoClassificationPresetEval"}
+
+#: the conversions that end the PIL part of a chain
+TO_TENSOR = (tv1.ToTensor, tv2.ToTensor, tv1.PILToTensor, tv2.PILToTensor, tv2.ToImage)
+
+#: torchvision v1 transforms whose tensor kernels mean what their PIL kernels mean (torchvision
+#: tests the two against each other); every v2 transform is, but the ones listed in _NOT_TENSOR.
+TENSOR_CAPABLE_V1 = (
+    tv1.ColorJitter, tv1.Grayscale, tv1.RandomGrayscale, tv1.GaussianBlur, tv1.RandomRotation, tv1.RandomAffine,
+    tv1.RandomPerspective, tv1.Pad, tv1.RandomErasing, tv1.RandomInvert, tv1.RandomPosterize, tv1.RandomSolarize,
+    tv1.RandomAdjustSharpness, tv1.RandomAutocontrast, tv1.RandomEqualize, tv1.AutoAugment, tv1.RandAugment,
+    tv1.TrivialAugmentWide, tv1.AugMix, tv1.Resize, tv1.CenterCrop, tv1.RandomCrop, tv1.RandomResizedCrop,
+    tv1.RandomHorizontalFlip, tv1.RandomVerticalFlip, tv1.Normalize, tv1.ConvertImageDtype, tv1.LinearTransformation,
+    tv1.ElasticTransform,
+)
+_NOT_TENSOR = (tv2.ToPILImage, tv2.Lambda, tv2.FiveCrop, tv2.TenCrop)
+_CONTAINERS = (tv1.RandomApply, tv1.RandomChoice, tv1.RandomOrder, tv1.Compose, tv2.RandomApply, tv2.RandomChoice,
+               tv2.RandomOrder, tv2.Compose)
+#: transforms whose tensor kernels warp with nearest and bilinear only (PIL's take more)
+_WARPS = (tv1.RandomRotation, tv1.RandomAffine, tv1.RandomPerspective, tv2.RandomRotation, tv2.RandomAffine,
+          tv2.RandomPerspective, tv1.AutoAugment, tv1.RandAugment, tv1.TrivialAugmentWide, tv1.AugMix,
+          tv2.AutoAugment, tv2.RandAugment, tv2.TrivialAugmentWide, tv2.AugMix)
+
+
+def tensor_capable(t) -> bool:
+    """Whether ``t`` means on a uint8 CHW tensor what it means on the PIL image torchvision hands it.
+    A user's own subclass never is: it gets the PIL image it was written for."""
+    if user_override(t) is not None:
+        return False
+    if isinstance(t, _CONTAINERS):
+        return all(tensor_capable(c) for c in t.transforms)
+    if isinstance(t, _WARPS) and _compat.interpolation_mode(t.interpolation) not in (
+            InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        return False  # torchvision's tensor warps take nearest and bilinear only; PIL's take more
+    if isinstance(t, tv2.Transform):
+        return not isinstance(t, _NOT_TENSOR)
+    if isinstance(t, tv1.Pad) and not isinstance(t.fill, (int, float)):
+        return False  # v1's tensor pad takes one number as fill; PIL's takes a colour
+    return isinstance(t, TENSOR_CAPABLE_V1)

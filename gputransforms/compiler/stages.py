@@ -1,0 +1,85 @@
+"""What runs on batches outside the DALI graph, stage by stage: for each transform, whether it runs
+batched (the registry's batched kernel), drawn ahead (its vectorized form, in-memory data), per
+sample with torchvision's own kernels, or is a conversion of the tensor standing in for the PIL
+image torchvision would hold (ToTensor means "scale to float", PILToTensor/ToImage nothing).
+
+A stage list is (transform, function of the batch or None, stage name) triples; ``tail.run_stages``
+runs one. ``after_graph(plan)`` gives the stages after a DALI graph, ``in_memory(transform)`` those
+of a chain over in-memory images (``backends.arrays``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torchvision.transforms as tv1
+from torchvision.transforms import v2 as tv2
+from torchvision.transforms.v2 import functional as F2
+
+from . import registry
+from .chain import TO_TENSOR, NotLowerable, flatten, tensor_capable
+
+
+def _scale_to_float(x: torch.Tensor) -> torch.Tensor:
+    return F2.to_dtype(x, torch.float32, scale=True)
+
+
+def on_stand_in(t) -> Optional[Callable]:
+    """What ``t`` means for a uint8 CHW tensor standing in for a PIL image (None: nothing)."""
+    if isinstance(t, (tv1.ToTensor, tv2.ToTensor)):
+        return _scale_to_float
+    if isinstance(t, TO_TENSOR):
+        return None
+    return t
+
+
+def _clips_to_cthw(batch: torch.Tensor) -> torch.Tensor:
+    return batch.permute(0, 2, 1, 3, 4)
+
+
+def after_graph(plan) -> list:
+    """(transform, function of the batch or None, stage) for each tail transform, in order;
+    stage is "batched", "per sample", "conversion" (a ToTensor on the stand-in) or "pil"."""
+    out = []
+    for t in plan.tail:
+        if plan.tail_mode == "clip":  # a clip's frames share one draw: never batched across clips
+            if type(t).__name__ == "ConvertBCHWtoCBHW":  # torchvision's video references: (T,C,..) -> (C,T,..)
+                out.append((t, _clips_to_cthw, "batched"))
+            else:
+                out.append((t, t, "per sample"))
+            continue
+        if plan.tail_mode != "tensor":
+            out.append((t, None, "pil"))
+            continue
+        fn = on_stand_in(t)
+        if fn is None or fn is _scale_to_float:
+            out.append((t, fn, "conversion"))
+            continue
+        b = registry.batched_of(fn)
+        out.append((t, b, "batched") if b is not None else (t, fn, "per sample"))
+    return out
+
+
+def in_memory(transform, pil: bool = True) -> list:
+    """(transform, function of the batch or None, stage) for each transform of an in-memory chain; stage
+    is "vectorized", "batched", "per sample" or "conversion". ``pil``: the chain starts on PIL images."""
+    out = []
+    image_state = pil
+    for t in flatten(transform):
+        if image_state and isinstance(t, TO_TENSOR):
+            image_state = False
+            out.append((t, on_stand_in(t), "conversion"))
+            continue
+        if image_state and not tensor_capable(t):  # (after ToTensor torchvision hands it a tensor too)
+            raise NotLowerable(f"{type(t).__name__} needs a PIL image (its tensor kernels differ or are missing, "
+                               "or it is the user's own)")
+        fn = registry.vectorized_of(t)
+        if fn is not None:
+            out.append((t, fn, "vectorized"))
+            continue
+        fn = registry.batched_of(t)
+        out.append((t, fn, "batched") if fn is not None else (t, t, "per sample"))
+    if image_state:
+        raise TypeError("the transform chain ends with a PIL image, which cannot be batched (torch's "
+                        "default_collate raises too); end it with ToTensor() or PILToTensor()")
+    return out

@@ -1,0 +1,40 @@
+"""What gputransforms raises and warns, in one place (the ground floor: imports nothing of ours).
+
+- ``BadSampleError``: a sample whose file cannot be loaded; names the file and the sample index.
+- ``FallbackWarning``: part of a chain, or a whole loader, runs as torchvision runs it (per sample, or
+  on torch's worker processes) instead of compiled; says which transform and why, once.
+- ``SkippedSamplesWarning``: with ``on_error="skip"``, samples that were left out of an epoch.
+- ``UnshardedWarning``: several torch.distributed ranks, but a sampler that gives each all samples.
+- ``NotCompilable`` / ``NotLowerable``: internal answers of the dataset adapters and of the
+  compiler (a dataset that cannot feed a graph; a transform with no lowering); their one-line
+  message is what ``explain()`` and ``FallbackWarning`` show.
+"""
+from __future__ import annotations
+
+
+class BadSampleError(RuntimeError):
+    """A sample whose file cannot be loaded; names the file and the sample index."""
+
+    def __init__(self, index: int, path: str, reason: str):
+        super().__init__(f"gputransforms: sample {index} ({path}): {reason}")
+        self.index, self.path, self.reason = index, path, reason
+
+
+class FallbackWarning(UserWarning):
+    """Part of a transform chain runs per sample with torchvision instead of in the DALI graph."""
+
+
+class SkippedSamplesWarning(UserWarning):
+    """With on_error="skip", samples whose files could not be loaded were left out of an epoch."""
+
+
+class UnshardedWarning(UserWarning):
+    """torch.distributed runs several ranks but the loader's sampler is not distributed."""
+
+
+class NotCompilable(Exception):
+    """The dataset cannot be fed to a compiled graph; the message says why in one line."""
+
+
+class NotLowerable(Exception):
+    """The transform has no lowering with torchvision's meaning; it runs as torchvision runs it."""
