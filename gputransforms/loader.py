@@ -110,7 +110,7 @@ class DataLoader(tud.DataLoader):
         self.jpeg_fancy_upsampling = jpeg_fancy_upsampling
         self.video_decoder = video_decoder
         self.num_threads = num_workers if num_workers > 0 else default_threads()
-        # 4 batches in flight measured 5% faster than 2 on an H100 (benchmarks/probe_loader.py)
+        # 4 batches in flight measured 5% faster than 2 on an H100 (benchmarks/probes/probe_loader.py)
         self.prefetch_queue_depth = prefetch_factor or 4
         self.skipped: list = []  # BadSampleError of the latest epoch (on_error="skip")
         self._backend = backends.choose(backends.Settings(

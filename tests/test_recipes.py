@@ -205,3 +205,36 @@ def test_color_jitter_batched_is_torchvisions_per_sample(photo_folder, dtype):
     assert got.dtype == ref.dtype and not torch.equal(got, x)
     d = (got.double() - ref.double()).abs() * (255 if dtype == torch.float32 else 1)
     assert d.mean() < 0.01 and d.max() <= 1.0 + 1e-3, (d.mean(), d.max())
+
+
+BICUBIC = [dict(auto_augment_policy=p, random_erase_prob=e) for p, e in
+           [("ta_wide", 0.25), ("ra", 0.0), ("imagenet", 0.0), ("augmix", 0.0)]]
+#: AugMix makes a tensor of its PIL input and warps that: torchvision raises for bicubic, and so do we
+
+
+@pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_v2", [False, True], ids=["v1", "v2"])
+@pytest.mark.parametrize("kw", BICUBIC, ids=lambda kw: f"{kw['auto_augment_policy']}-erase{kw['random_erase_prob']}")
+def test_bicubic_augmentation_presets_run(photo_folder, device, use_v2, kw):
+    """The flag sets torchvision publishes for Swin and MaxViT (--interpolation bicubic --auto-augment
+    ta_wide --random-erase ...), and bicubic with ra, imagenet, augmix: torchvision's tensor kernels
+    have no bicubic warp, so the augmentation gets the PIL images the recipe hands it (before: the
+    first batch raised "Interpolation mode 'bicubic' is unsupported with Tensor input")."""
+    from torchvision.transforms import InterpolationMode
+
+    preset = ClassificationPresetTrain(crop_size=64, use_v2=use_v2, interpolation=InterpolationMode.BICUBIC, **kw)
+    p = plan(preset)
+    assert p.steps[0].args.get("random_crop") and p.tail_mode == "pil", p.explain()
+    assert type(p.tail[0]).__name__ in ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix"), p.explain()
+    loader = DataLoader(datasets.ImageFolder(str(photo_folder), transform=preset), batch_size=16, shuffle=True,
+                        device=device)
+    if kw["auto_augment_policy"] == "augmix":
+        with pytest.raises(ValueError, match="bicubic"):
+            torchvision.datasets.ImageFolder(str(photo_folder), transform=preset)[0]
+        with pytest.raises(ValueError, match="bicubic"):
+            next(iter(loader))
+        return
+    batches = [x for x, _ in loader]
+    assert sum(len(x) for x in batches) == 48 and batches[0].shape == (16, 3, 64, 64)
+    assert batches[0].dtype == torch.float32 and batches[0].std() > 0.3

@@ -1,6 +1,6 @@
 """Where the main thread's time goes in gputransforms' loop (cProfile over N epochs of ROOT).
 
-    python -m benchmarks.profile_loader ROOT [--chain train] [--epochs 2] [--threads 8]
+    python -m benchmarks.probes.profile_loader ROOT [--chain train] [--epochs 2] [--threads 8]
 """
 import argparse
 import cProfile

@@ -2,7 +2,7 @@
 ``mixup_cutmix(*default_collate(batch))`` against the same MixUp/CutMix applied to the batch directly
 (what a hand-written pipeline does), ms per batch, on the GPU when there is one.
 
-    python -m benchmarks.collate_cost [--batch-size 256] [--size 224]
+    python -m benchmarks.probes.collate_cost [--batch-size 256] [--size 224]
 """
 from __future__ import annotations
 

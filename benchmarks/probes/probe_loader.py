@@ -1,7 +1,7 @@
 """Loader-level variants of one chain (where the hand-off and the Python feed cost): img/s of
 gputransforms.DataLoader under different settings, one process.
 
-    python -m benchmarks.probe_loader ROOT [--chain eval,train]
+    python -m benchmarks.probes.probe_loader ROOT [--chain eval,train]
 """
 import argparse
 import itertools

@@ -1,7 +1,7 @@
 """Which part of a compiled graph costs what: DALI pipelines alone (pipeline.run(), no torch
 hand-off), fed by readers.file so Python is out of the measurement.
 
-    python -m benchmarks.ablate ROOT [--threads 8] [--batch-size 256]
+    python -m benchmarks.probes.ablate ROOT [--threads 8] [--batch-size 256]
 """
 import argparse
 import time
