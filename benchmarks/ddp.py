@@ -29,7 +29,7 @@ def worker(a):
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler
 
-    from benchmarks.loader import CHAINS
+    from benchmarks.common import CHAINS
     from gputransforms import DataLoader, datasets
     from gputransforms import transforms as T
 

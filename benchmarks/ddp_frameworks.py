@@ -42,7 +42,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.make_data and not Path(a.data).exists():
-        from benchmarks.loader import make_data
+        from benchmarks.common import make_data
 
         make_data(a.data, a.make_data)
     idx = sampledata.make_indexed_folder(out / "indexed")

@@ -6,7 +6,7 @@
 set -uo pipefail
 : "${DATA:=/tmp/gputransforms-bench-data}" "${OUT:=bench-out}"
 mkdir -p "$OUT"
-[ -d "$DATA" ] || python3 -c "import os, sys; from benchmarks.loader import make_data; make_data(sys.argv[1], 10000)" "$DATA"
+[ -d "$DATA" ] || python3 -c "import os, sys; from benchmarks.common import make_data; make_data(sys.argv[1], 10000)" "$DATA"
 python3 -c "import torch, torchvision, nvidia.dali as d; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'dali', d.__version__, torch.cuda.get_device_name())"
 case "${1:-tests}" in
 tests)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.loader import _gpu, _sync, gc_collect, make_data, pipeline
+from benchmarks.common import cuda_sync, gc_collect, make_data, on_gpu
+from benchmarks.pipelines import pipeline
 
 SOURCES = ("dali", "nvjpeg", "torch", "copy", "other")
 
@@ -93,14 +94,14 @@ def profile_pipeline(make, n_batches: int, warmup: int = 5) -> dict:
     source = _batches(make)
     for _ in range(warmup):
         next(source)
-    _sync()
+    cuda_sync()
     tail.run_tail = timed_tail
     try:  # (without a GPU: no kernels, only the wall and CPU times)
-        with profile(activities=[ProfilerActivity.CUDA if _gpu() else ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA if on_gpu() else ProfilerActivity.CPU]) as prof:
             c0, t0 = _cpu_s(), time.perf_counter()
             for _ in range(n_batches):
                 next(source)
-            _sync()
+            cuda_sync()
             wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
     finally:
         tail.run_tail = run_tail
@@ -149,7 +150,7 @@ def main(argv=None):
                   f"{r['cpu_cores']:5.1f} {r['tail_ms']:7.1f}", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    dev = torch.cuda.get_device_name() if _gpu() else "cpu"
+    dev = torch.cuda.get_device_name() if on_gpu() else "cpu"
     (out / "gpu_time.json").write_text(json.dumps(dict(device=dev, rows=rows), indent=1))
 
 

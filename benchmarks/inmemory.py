@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torchvision
 
-from .loader import _Moved, _device, _gpu, _rss_peak_mb, bar_chart, timed
+from benchmarks.common import Moved, torch_device, on_gpu, rss_peak_mb, bar_chart, timed
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -64,18 +64,18 @@ def main(argv=None):
         def make():
             if name == "torchvision":
                 ds.transform = chain(tv)
-                return _Moved(torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True,
-                                                          num_workers=a.workers, pin_memory=_gpu(),
-                                                          persistent_workers=True), _device())
+                return Moved(torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True,
+                                                          num_workers=a.workers, pin_memory=on_gpu(),
+                                                          persistent_workers=True), torch_device())
             ds.transform = chain(T)
             return DataLoader(ds, batch_size=a.batch_size, shuffle=True)
         n = a.images * (1 if name == "torchvision" else a.epochs)
         row = dict(chain="cifar10", pipeline=name, **timed(make, n))
-        row["rss_mb"] = _rss_peak_mb()
+        row["rss_mb"] = rss_peak_mb()
         rows.append(row)
         print(f"  {name}: {row['img_s']:.0f} img/s", flush=True)
     rows[1]["x_torchvision"] = rows[1]["img_s"] / rows[0]["img_s"]
-    info = dict(device=torch.cuda.get_device_name() if _gpu() else "cpu", cores=os.cpu_count(), images=a.images,
+    info = dict(device=torch.cuda.get_device_name() if on_gpu() else "cpu", cores=os.cpu_count(), images=a.images,
                 batch_size=a.batch_size, torch=torch.__version__, torchvision=torchvision.__version__)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -55,8 +55,9 @@ from pathlib import Path
 import torch
 import torchvision
 
-from benchmarks.loader import (_PeakGpuMemory, _device, _device_mem_used, _gpu, _sync, bar_chart, gc_collect,
-                               make_data, pipeline)
+from benchmarks.common import (PeakGpuMemory, bar_chart, cuda_sync, gc_collect, gpu_mem_used, make_data, on_gpu,
+                               torch_device)
+from benchmarks.pipelines import pipeline
 
 WARMUP = 10
 
@@ -67,7 +68,7 @@ def release():
     import sys
 
     gc_collect()
-    if "nvidia.dali" in sys.modules and _gpu():
+    if "nvidia.dali" in sys.modules and on_gpu():
         import nvidia.dali.backend as backend
 
         backend.ReleaseUnusedMemory()
@@ -158,7 +159,7 @@ def run(step, source, n_images: int, batch_size: int, profile: bool = False, war
         mark: str = "") -> dict:
     for _ in range(warmup):
         step(*next(source))
-    _sync()
+    cuda_sync()
     if mark:  # for a tracer outside (e.g. an LD_PRELOAD library) to drop what came before
         Path(mark).touch()
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -174,7 +175,7 @@ def run(step, source, n_images: int, batch_size: int, profile: bool = False, war
         step_cpu += time.thread_time() - c2
         counted += len(x)
         steps += 1
-    _sync()
+    cuda_sync()
     elapsed = time.perf_counter() - t0
     out = dict(img_s=counted / elapsed, images=counted, cpu_s_per_1k=1000 * (time.process_time() - cpu0) / counted,
                wait_ms_per_step=1000 * waited / (counted / batch_size), step_ms=1000 * elapsed / steps,
@@ -191,12 +192,12 @@ def kernel_breakdown(step, source, steps: int = 20) -> dict:
     model's and the loader's kernels at the same time (``overlap``) and none (``idle``), per step."""
     from torch.profiler import ProfilerActivity, profile
 
-    _sync()
+    cuda_sync()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             step(*next(source))
-        _sync()
+        cuda_sync()
         wall = time.perf_counter() - t0
     loader_us = model_us = 0.0
     top: dict = {}
@@ -316,7 +317,7 @@ def main(argv=None):
 
     if a.make_data and not Path(a.root).exists():
         make_data(a.root, a.make_data)
-    dev = _device()
+    dev = torch_device()
     classes = len(torchvision.datasets.folder.find_classes(a.root)[0])
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -330,9 +331,9 @@ def main(argv=None):
                 if name == "model" and alone is not None:
                     continue
                 release()
-                if _gpu():
+                if on_gpu():
                     torch.cuda.reset_peak_memory_stats()
-                mem = _PeakGpuMemory()
+                mem = PeakGpuMemory()
                 row = dict(model=model_name, chain=chain, feed=name)
                 base, _, where = name.partition("@")
                 try:
@@ -340,10 +341,10 @@ def main(argv=None):
                     with on_stream(where, dev):
                         row.update(run(step, feed(base, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes),
                                        n, a.batch_size, a.profile and base != "torchvision", a.warmup, a.mark))
-                    row["mem_mb"] = (max(mem.peak, _device_mem_used()) - mem.base) / 2**20
+                    row["mem_mb"] = (max(mem.peak, gpu_mem_used()) - mem.base) / 2**20
                     # of it, torch's caching allocator's peak (the model's tensors, and the batches
                     # the loop holds); the rest is DALI's pools and libraries
-                    row["torch_mb"] = torch.cuda.max_memory_reserved() / 2**20 if _gpu() else 0.0
+                    row["torch_mb"] = torch.cuda.max_memory_reserved() / 2**20 if on_gpu() else 0.0
                 except Exception as e:  # noqa: BLE001 - one failing feed must not hide the others
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 mem.stop_mb()
@@ -373,7 +374,7 @@ def main(argv=None):
                         print(f"      profile: {r['profile']}", flush=True)
         del step
         gc_collect()
-    info = dict(device=torch.cuda.get_device_name() if _gpu() else "cpu", cores=os.cpu_count(), classes=classes,
+    info = dict(device=torch.cuda.get_device_name() if on_gpu() else "cpu", cores=os.cpu_count(), classes=classes,
                 torch=torch.__version__, torchvision=torchvision.__version__, batch_size=a.batch_size,
                 images=a.images, workers=a.workers, dali_threads=a.threads,
                 cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset (8)"))

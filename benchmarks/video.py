@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from .loader import _Moved, _device, _gpu, _rss_peak_mb, bar_chart, gc_collect, timed
+from benchmarks.common import Moved, torch_device, on_gpu, rss_peak_mb, bar_chart, gc_collect, timed
 
 MEAN, STD = (0.43216, 0.394666, 0.37645), (0.22803, 0.22145, 0.216989)
 FRAMES, STEP = 16, 16
@@ -73,8 +73,8 @@ def run_torchvision(root, batch_size, workers):
 
     def make():
         ds = _dataset(root, preset_train(T), workers)
-        return _Moved(torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                                  pin_memory=_gpu(), persistent_workers=True), _device())
+        return Moved(torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
+                                                  pin_memory=on_gpu(), persistent_workers=True), torch_device())
 
     return make
 
@@ -212,7 +212,7 @@ def main(argv=None):
     for res in resolutions:
         root = os.path.join(a.root, res)
         if a.parity:
-            decoders = ("pyav-yuv", "nvdec") if _gpu() else ("pyav-yuv",)
+            decoders = ("pyav-yuv", "nvdec") if on_gpu() else ("pyav-yuv",)
             parities[res] = {d: parity(root, a.parity, a.threads, video_decoder=d) for d in decoders}
             print(f"  {res} decode vs PyAV, 0-255 units: {parities[res]}", flush=True)
         n_clips = len(glob.glob(os.path.join(root, "train", "*", "*.mp4"))) * (96 // STEP)
@@ -227,7 +227,7 @@ def main(argv=None):
                 row["frames_s"] = row["clips_s"] * FRAMES
             except Exception as e:  # noqa: BLE001 - one failing pipeline must not hide the others
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-            row["rss_mb"] = _rss_peak_mb()
+            row["rss_mb"] = rss_peak_mb()
             rows.append(row)
             gc_collect()
             print(f"  {res} {name}: {row.get('clips_s', float('nan')):.1f} clips/s "
@@ -238,7 +238,7 @@ def main(argv=None):
                 for key, ref in (("x_torchvision", "torchvision"), ("x_dali", "dali-handwritten")):
                     if base.get(ref):
                         r[key] = r["clips_s"] / base[ref]
-    info = dict(device=torch.cuda.get_device_name() if _gpu() else "cpu", cores=os.cpu_count(),
+    info = dict(device=torch.cuda.get_device_name() if on_gpu() else "cpu", cores=os.cpu_count(),
                 torch=torch.__version__, torchvision=torchvision.__version__, batch_size=a.batch_size,
                 frames_per_clip=FRAMES, workers=a.workers, dali_threads=a.threads)
     (out / "video.json").write_text(json.dumps(dict(info=info, rows=rows, parity=parities), indent=2))

@@ -10,36 +10,21 @@ import torch
 import torchvision
 from torchvision.transforms import v2
 
-from gputransforms import DataLoader, datasets
 from gputransforms import transforms as T
 
+import sidebyside
 from conftest import DEVICES, abs_diff_stats
+from sidebyside import IMAGENET_MEAN as MEAN, IMAGENET_STD as STD, ours_with_labels, theirs_with_labels
 
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 TOL = {"cpu": dict(mean=0.3, p99=2.0), "gpu": dict(mean=1.0, p99=8.0)}
 
 
 def run_ours(root, tf, device, batch_size=7, **kwargs):
-    ds = datasets.ImageFolder(str(root), transform=tf)
-    loader = DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=2, device=device, **kwargs)
-    assert loader.backend == "dali", loader.explain()
-    images, labels = zip(*loader)
-    return torch.cat(images), torch.cat(labels)
-
-
-def run_torchvision(root, tf):
-    ds = torchvision.datasets.ImageFolder(str(root), transform=tf)
-    images, labels = zip(*(ds[i] for i in range(len(ds))))
-    return torch.stack(images), torch.tensor(labels)
+    return ours_with_labels(root, tf, device, batch_size=batch_size, **kwargs)
 
 
 def to_255(x: torch.Tensor, normalized: bool) -> torch.Tensor:
-    if not x.is_floating_point():
-        return x.double().cpu()
-    x = x.double().cpu()
-    if normalized:
-        x = x * torch.tensor(STD, dtype=x.dtype)[:, None, None] + torch.tensor(MEAN, dtype=x.dtype)[:, None, None]
-    return x * 255
+    return sidebyside.to_255(x, MEAN, STD) if normalized else sidebyside.to_255(x)
 
 
 EVAL_CHAINS = {
@@ -76,7 +61,7 @@ EVAL_CHAINS = {
 def test_eval_chain_matches_torchvision(photo_folder, device, name):
     make, normalized = EVAL_CHAINS[name]
     ours, labels = run_ours(photo_folder, make(), device)
-    ref, ref_labels = run_torchvision(photo_folder, make())
+    ref, ref_labels = theirs_with_labels(photo_folder, make())
     assert ours.shape == ref.shape and ours.dtype == ref.dtype
     assert ours.device.type == ("cuda" if device == "gpu" else "cpu")
     assert labels.dtype == torch.int64 and torch.equal(labels.cpu(), ref_labels)
@@ -98,7 +83,7 @@ def test_ignores_exif_orientation_like_torchvision(tmp_path, device):
     img.save(tmp_path / "c" / "rot.jpg", quality=95, exif=exif)
     tf = T.Compose([T.PILToTensor()])
     ours, _ = run_ours(tmp_path, tf, device, batch_size=1)
-    ref, _ = run_torchvision(tmp_path, tf)
+    ref, _ = theirs_with_labels(tmp_path, tf)
     assert ours.shape == ref.shape == (1, 3, 60, 120)
     assert abs_diff_stats(ours, ref)["mean"] < 2
 
@@ -122,7 +107,7 @@ def test_gpu_fancy_upsampling_is_closer_to_pil(photo_folder):
     """jpeg_fancy_upsampling=True decodes chroma like libjpeg-turbo: the eval chain lands at CPU
     parity (mean <= 0.3, p99 <= 2) instead of nvJPEG's default ~0.5 mean."""
     make = lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
-    ref, _ = run_torchvision(photo_folder, make())
+    ref, _ = theirs_with_labels(photo_folder, make())
     fancy, _ = run_ours(photo_folder, make(), "gpu", jpeg_fancy_upsampling=True)
     plain, _ = run_ours(photo_folder, make(), "gpu")
     s_fancy, s_plain = abs_diff_stats(fancy, ref), abs_diff_stats(plain, ref)

@@ -15,7 +15,9 @@ from torchvision.transforms import v2
 from gputransforms import DataLoader, datasets, plan
 from gputransforms import transforms as T
 
+import sidebyside
 from conftest import DEVICES
+from sidebyside import theirs, to_255
 from presets import ClassificationPresetEval, ClassificationPresetTrain
 
 BASE = [T.Resize((96, 96))]
@@ -46,18 +48,7 @@ DETERMINISTIC = {
 
 
 def ours(root, tf, device, epochs=1):
-    loader = DataLoader(datasets.ImageFolder(str(root), transform=tf), batch_size=16, shuffle=False, device=device,
-                        num_workers=2)
-    return torch.cat([x.cpu() for _ in range(epochs) for x, _ in loader])
-
-
-def theirs(root, tf, epochs=1):
-    ds = torchvision.datasets.ImageFolder(str(root), transform=tf)
-    return torch.stack([ds[i][0] for _ in range(epochs) for i in range(len(ds))])
-
-
-def to_255(x):
-    return x.double() * (255 if x.is_floating_point() else 1)
+    return sidebyside.ours(root, tf, device, epochs, backend=None)
 
 
 @pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
@@ -191,7 +182,7 @@ def test_color_jitter_batched_is_torchvisions_per_sample(photo_folder, dtype):
     """ColorJitter's batched kernel, given torchvision's own get_params draws, equals torchvision
     applied to each sample in turn, up to float rounding (a uint8 value may differ by 1 where a
     blend lands on .0). (The loader draws the parameters for the batch: tested by distribution.)"""
-    from gputransforms.compiler import batched, registry
+    from gputransforms.compiler import batched
 
     x = theirs(photo_folder, T.Compose(BASE + [T.PILToTensor()]))
     if dtype == torch.float32:

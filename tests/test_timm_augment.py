@@ -17,6 +17,7 @@ from scipy.stats import ks_2samp
 from gputransforms import DataLoader, datasets, plan
 from gputransforms import transforms as T
 
+import sidebyside
 from conftest import DEVICES
 
 import timm.data as timm_data  # a test extra: missing, the tests fail rather than skip
@@ -39,8 +40,7 @@ OPS = sorted(set(aa.NAME_TO_OP) - {"GaussianBlurRand"})  # its radius is drawn: 
 
 
 def ours(root, tf, device, epochs=1):
-    loader = DataLoader(datasets.ImageFolder(str(root), transform=tf), batch_size=16, device=device)
-    return torch.cat([x.cpu() for _ in range(epochs) for x, _ in loader]).double()
+    return sidebyside.ours(root, tf, device, epochs, backend=None).double()
 
 
 def _posterize(image, bits):
@@ -52,9 +52,8 @@ def _posterize(image, bits):
 
 
 def theirs(root, tf, epochs=1):
-    ds = torchvision.datasets.ImageFolder(str(root), transform=tf)
     with mock.patch.object(aa.ImageOps, "posterize", _posterize):
-        return torch.stack([ds[i][0] for _ in range(epochs) for i in range(len(ds))]).double()
+        return sidebyside.theirs(root, tf, epochs).double()
 
 
 def chain(aug):

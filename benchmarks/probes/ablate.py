@@ -10,7 +10,7 @@ import torch
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
-from benchmarks.loader import CHAINS, MEAN, STD
+from benchmarks.common import CHAINS, MEAN, STD
 
 
 def rate(pipe, n_images, batch_size):

@@ -12,7 +12,7 @@ import time
 import torch
 from torch.utils.data import default_collate
 
-from benchmarks.loader import mixup_cutmix
+from benchmarks.common import mixup_cutmix
 
 
 def bench(fn, reps=50):

@@ -6,7 +6,7 @@ gputransforms.DataLoader under different settings, one process.
 import argparse
 import itertools
 
-from benchmarks.loader import CHAINS, timed
+from benchmarks.common import CHAINS, timed
 
 
 def main(argv=None):

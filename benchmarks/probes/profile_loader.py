@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from benchmarks.loader import CHAINS
+from benchmarks.common import CHAINS
 
 
 def main(argv=None):
