@@ -3,6 +3,7 @@
 - ``BadSampleError``: a sample whose file cannot be loaded; names the file and the sample index.
 - ``FallbackWarning``: part of a chain, or a whole loader, runs as torchvision runs it (per sample, or
   on torch's worker processes) instead of compiled; says which transform and why, once.
+- ``DamagedFileWarning``: a damaged file DALI refuses but PIL decodes was decoded by PIL, as torchvision would.
 - ``SkippedSamplesWarning``: with ``on_error="skip"``, samples that were left out of an epoch.
 - ``UnshardedWarning``: several torch.distributed ranks, but a sampler that gives each all samples.
 - ``NotCompilable`` / ``NotLowerable``: internal answers of the dataset adapters and of the
@@ -22,6 +23,11 @@ class BadSampleError(RuntimeError):
 
 class FallbackWarning(UserWarning):
     """Part of a transform chain runs per sample with torchvision instead of in the DALI graph."""
+
+
+class DamagedFileWarning(UserWarning):
+    """A damaged file that PIL decodes (as torchvision's loader does) was decoded by PIL instead of DALI;
+    names the file, once."""
 
 
 class SkippedSamplesWarning(UserWarning):

@@ -49,9 +49,13 @@ class DataLoader(tud.DataLoader):
       ``lambda b: mixup_cutmix(*default_collate(b))`` thus runs MixUp/CutMix on the GPU. A collate
       function that cannot take tensors (it calls ``.numpy()`` on them, or wants PIL images) raises on
       the first batch with an error that says so.
-    - ``pin_memory, pin_memory_device, timeout, worker_init_fn, multiprocessing_context,
-      persistent_workers, in_order``: accepted, and used only when the chain runs on the
-      torchvision path; the DALI path has no worker processes and produces batches on the device.
+    - ``pin_memory``: as torch, batches made on the CPU are pinned where an accelerator is present;
+      batches made on the GPU have nothing to pin (``explain()`` says which).
+    - ``timeout``: as torch, an error when a batch takes longer than this to load; on the compiled path
+      it names the sample whose file read did not return.
+    - ``pin_memory_device, worker_init_fn, multiprocessing_context, persistent_workers, in_order``:
+      accepted, and used only when the chain runs on the torchvision path; the DALI path has no worker
+      processes.
 
     Extra keyword arguments: ``device`` ("gpu", "cpu" or None for the GPU when torch sees one),
     ``seed`` (DALI's seed; default drawn from ``generator``/torch's RNG like torch's base seed),
@@ -118,7 +122,7 @@ class DataLoader(tud.DataLoader):
             hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling, video_decoder=video_decoder,
             num_threads=self.num_threads, num_workers=num_workers, prefetch_queue_depth=self.prefetch_queue_depth,
             collate=None if _is_default_collate(collate_fn) else collate_fn, batch_size=self.batch_size,
-            batch_sampler=batch_sampler), dataset)
+            batch_sampler=batch_sampler, pin_memory=pin_memory, timeout=timeout), dataset)
         fallback = self._backend.fallback()
         if fallback:
             warnings.warn(f"gputransforms: {fallback}; see DataLoader.explain()", FallbackWarning, stacklevel=2)

@@ -1,6 +1,7 @@
 """Odd and bad files: odd images come out as torchvision's loader makes them; bad ones raise an
 error naming the file and sample index from the loop (or are skipped and reported); nothing is
 lost and no label moves."""
+import re
 import shutil
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 import torchvision
 from PIL import Image, ImageFile
 
-from gputransforms import BadSampleError, DataLoader, SkippedSamplesWarning, datasets, sampledata
+from gputransforms import BadSampleError, DamagedFileWarning, DataLoader, SkippedSamplesWarning, datasets, sampledata
 from gputransforms import transforms as T
 
 from conftest import DEVICES, abs_diff_stats, make_photo_folder
@@ -221,3 +222,157 @@ def test_corrupted_jpeg_body_follows_pil(tmp_path, photo_folder, device):
             got = [x for x, _ in loader][index][0]
             assert torch.equal(got.cpu(), expected)
     assert outcomes == {"raises", "decodes"}, "the seeds should exercise both of PIL's answers"
+
+
+def _folder_with_a_stalled_read(tmp_path, photo_folder):
+    """A copy of the photos whose 9th file (in ImageFolder order) is a FIFO no one writes: opening it
+    blocks, as a read from a stuck network mount does."""
+    import os
+
+    root = tmp_path / "stall"
+    shutil.copytree(photo_folder, root)
+    victim = sorted((root / sorted(p.name for p in root.iterdir())[0]).iterdir())[8]
+    victim.unlink()
+    os.mkfifo(victim)
+    return root, victim
+
+
+def _release(fifo):
+    """Let the blocked reader go (it then reads an empty file)."""
+    import os
+
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timeout_names_the_sample_whose_read_stalled(tmp_path, photo_folder, device):
+    """timeout= means what it means in torch: an error (torch: RuntimeError "DataLoader timed out after
+    N seconds") once a batch takes longer than that; here it names the file, after the batches before it."""
+    import time
+
+    root, fifo = _folder_with_a_stalled_read(tmp_path, photo_folder)
+    loader = DataLoader(datasets.ImageFolder(str(root), transform=T.Compose([T.Resize((32, 32)), T.PILToTensor()])),
+                        batch_size=4, timeout=2, device=device)
+    got, start = [], time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=rf"timed out after 2 seconds: the read of sample 8 \(.*{fifo.name}\)"):
+            for x, _ in loader:
+                got.append(len(x))
+        assert got == [4, 4] and time.monotonic() - start < 30
+    finally:
+        _release(fifo)
+
+
+def test_ctrl_c_ends_a_loader_stuck_in_a_read(tmp_path, photo_folder):
+    """After Ctrl-C the process ends promptly though a reader thread is stuck in open() (before: the
+    interpreter waited at exit for the thread pool's threads, for ever)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root, fifo = _folder_with_a_stalled_read(tmp_path, photo_folder)
+    code = ("import sys, gputransforms as g\n"
+            f"ds = g.datasets.ImageFolder({str(root)!r}, transform=g.transforms.Compose("
+            "[g.transforms.Resize((32, 32)), g.transforms.PILToTensor()]))\n"
+            "loader = g.DataLoader(ds, batch_size=4, device='cpu')\n"
+            "print('ready', flush=True)\n"
+            "for _ in loader: pass\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(3.0)  # the loop now waits for the batch whose file does not come (DALI prefetches it)
+        child.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        child.wait(timeout=20)
+        assert time.monotonic() - start < 5 and "KeyboardInterrupt" in child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+        _release(fifo)
+
+
+def _damaged_png_and_bmp(root, photo_folder):
+    """One PNG or BMP per kind of damage, made from a real photo: (name, bytes)."""
+    import struct
+    import zlib
+    from io import BytesIO
+
+    src = sorted(photo_folder.rglob("*.jpg"))[0]
+    img = Image.open(src).convert("RGB").resize((96, 72))
+    png = BytesIO()
+    img.save(png, format="PNG")
+    png = png.getvalue()
+    bmp = BytesIO()
+    img.save(bmp, format="BMP")
+    bmp = bmp.getvalue()
+    idat = png.index(b"IDAT") - 4
+    bad_idat = bytearray(png)
+    (n,) = struct.unpack(">I", png[idat:idat + 4])
+    bad_idat[idat + 8 + n] ^= 0xFF  # the first byte of IDAT's CRC
+    text = b"tEXtComment\x00hello"
+    chunk = struct.pack(">I", len(text) - 4) + text + struct.pack(">I", zlib.crc32(text) ^ 1)
+    bad_text = png[:33] + chunk + png[33:]  # after IHDR, with a wrong CRC
+    return {"no_iend.png": png[:-12], "cut5.png": png[:-5], "bad_idat_crc.png": bytes(bad_idat),
+            "cut_pixels.png": png[:len(png) * 2 // 3], "cut.bmp": bmp[:len(bmp) * 2 // 3],
+            "bad_text_crc.png": bad_text}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("truncated_ok", [False, True], ids=["strict", "LOAD_TRUNCATED_IMAGES"])
+def test_damaged_png_and_bmp_follow_pil(tmp_path, photo_folder, device, truncated_ok, monkeypatch):
+    """libpng (DALI) refuses a PNG whose CRCs or IEND are off, and failed the whole batch unnamed; PIL
+    decodes some (torchvision's pixels, a DamagedFileWarning naming the file) and refuses others (a
+    BadSampleError naming it, where torchvision raises too), with ImageFile.LOAD_TRUNCATED_IMAGES as PIL
+    reads it."""
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", truncated_ok)
+    refused = []
+    for name, data in _damaged_png_and_bmp(tmp_path, photo_folder).items():
+        root = tmp_path / f"{name}-{truncated_ok}"
+        (root / "a").mkdir(parents=True)
+        (root / "a" / name).write_bytes(data)
+        try:
+            ref = torchvision.datasets.ImageFolder(str(root), transform=RAW)[0][0]
+        except Exception:  # noqa: BLE001 - torchvision refuses it
+            ref = None
+        loader = DataLoader(datasets.ImageFolder(str(root), transform=RAW), batch_size=1, device=device)
+        if ref is None:
+            refused.append(name)
+            with pytest.raises(BadSampleError, match=re.escape(name)):
+                next(iter(loader))
+            continue
+        with pytest.warns(DamagedFileWarning, match=rf"{re.escape(name)}\): .*decoded by PIL"):
+            x, _ = next(iter(loader))
+        assert torch.equal(x[0].cpu(), ref), name
+    # PIL's rules: a cut file only with LOAD_TRUNCATED_IMAGES, which also lets a bad text-chunk CRC pass
+    assert refused == ([] if truncated_ok else ["cut_pixels.png", "cut.bmp", "bad_text_crc.png"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_file_only_dali_fails_on_is_decoded_by_pil(photo_folder, device, monkeypatch):
+    """Whatever DALI cannot decode but PIL can (here: the bytes DALI is handed for one file are made
+    undecodable, the file itself is fine) is decoded as torchvision would: the batch's files by PIL,
+    a DamagedFileWarning naming them, every sample once and in order, torchvision's pixels."""
+    import numpy as np
+
+    from gputransforms import files
+
+    ds = datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((40, 40)), T.PILToTensor()]))
+    victim = ds.samples[5][0]
+    prepare = files.prepare
+
+    def refused_by_dali(index, path, **kw):
+        return np.frombuffer(b"\xff\xd8\xff\xe0" + b"\x00" * 64, dtype=np.uint8) if path == victim else \
+            prepare(index, path, **kw)
+
+    monkeypatch.setattr(files, "prepare", refused_by_dali)
+    loader = DataLoader(ds, batch_size=4, device=device)
+    with pytest.warns(DamagedFileWarning, match=re.escape(victim)):
+        ours = torch.cat([x.cpu() for x, _ in loader])
+    ref = torch.stack([torchvision.datasets.ImageFolder(str(photo_folder), transform=ds.transform)[i][0]
+                       for i in range(len(ds))])
+    # (the graph's Resize against PIL's: test_parity's bounds)
+    assert ours.shape == ref.shape and abs_diff_stats(ours, ref)["mean"] <= (0.3 if device == "cpu" else 1.0)

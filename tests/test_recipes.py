@@ -229,3 +229,21 @@ def test_bicubic_augmentation_presets_run(photo_folder, device, use_v2, kw):
     batches = [x for x, _ in loader]
     assert sum(len(x) for x in batches) == 48 and batches[0].shape == (16, 3, 64, 64)
     assert batches[0].dtype == torch.float32 and batches[0].std() > 0.3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_v2", [False, True], ids=["v1", "v2"])
+@pytest.mark.parametrize("policy", ["ta_wide", "ra", "imagenet"])
+def test_no_library_warning_reaches_the_user(photo_folder, device, use_v2, policy):
+    """A clean run of the reference recipe's preset warns nothing: DALI's deprecated aliases are not
+    called (its auto_aug's sharpness and equalize are rebuilt on fn.filter and fn.equalize), and
+    DALI's note on torchvision's own zero-probability sub-policies is not the user's business."""
+    import warnings
+
+    preset = ClassificationPresetTrain(crop_size=64, use_v2=use_v2, auto_augment_policy=policy, random_erase_prob=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DataLoader(datasets.ImageFolder(str(photo_folder), transform=preset), batch_size=16, device=device)
+        for x, _ in loader:
+            assert x.shape[1:] == (3, 64, 64)
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []

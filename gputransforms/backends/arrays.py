@@ -22,7 +22,7 @@ from ..compiler.tail import run_stages
 from ..datasets.inmemory import ARRAY_ADAPTERS, ArraySamples
 from ..device import to_device, torch_device
 from ..errors import NotCompilable, NotLowerable
-from .base import Backend, EpochIterator, Sampling, Settings
+from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from .workers import TorchWorkers
 
 
@@ -87,6 +87,8 @@ class DeviceArraysBackend(Backend):
             label = {"vectorized": "vectorized ", "batched": "batched    ", "per sample": "per sample ",
                      "conversion": "conversion "}[stage]
             lines.append(f"  {label} {' '.join(repr(t).split())}")
+        if pin_memory_note(self.settings):
+            lines.append(pin_memory_note(self.settings))
         return "\n".join(lines)
 
     def fallback(self) -> Optional[str]:
@@ -134,6 +136,7 @@ class ArrayIterator(EpochIterator):
         torch.empty((), dtype=torch.int64).random_(generator=sampling.generator)  # torch's base seed draw
         self.resume_at(self.batches, resume)
         self.rows = torch.as_tensor(self.arrays.samples.rows, dtype=torch.int64)
+        self.pin = pinning(backend.settings)
 
     def random_state(self) -> tuple:
         return None, torch.get_rng_state()

@@ -8,6 +8,7 @@ lets the sampler draw the same order again and skips the batches already handed 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable, Optional
 
 import torch
@@ -35,6 +36,38 @@ class Settings:
     collate: Optional[Callable]  # the user's collate_fn, None for torch's default_collate
     batch_size: Optional[int]
     batch_sampler: Any
+    pin_memory: bool = False
+    timeout: float = 0
+
+
+def _accelerator() -> bool:
+    acc = getattr(torch, "accelerator", None)
+    return acc.is_available() if acc is not None else torch.cuda.is_available()
+
+
+def pin_memory_note(settings: Settings) -> str:
+    """What ``pin_memory=True`` does on a backend that makes batches itself, for explain()."""
+    if not settings.pin_memory:
+        return ""
+    if settings.device == "gpu":
+        return "pin_memory: nothing to pin, the batches are made on the GPU"
+    if _accelerator():
+        return "pin_memory: each batch is copied to pinned host memory, as torch's DataLoader does"
+    return "pin_memory: no accelerator, so nothing is pinned (torch's DataLoader warns the same)"
+
+
+def pinning(settings: Settings):
+    """A function that pins a CPU batch where torch's DataLoader would (``pin_memory=True``, batches on the
+    CPU, an accelerator present), else None; without an accelerator it warns as torch does."""
+    if not settings.pin_memory or settings.device == "gpu":
+        return None
+    if not _accelerator():
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
+                      "won't be used.", stacklevel=5)
+        return None
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory
 
 
 @dataclasses.dataclass
@@ -61,6 +94,7 @@ class EpochIterator:
         self.rng_start = state.rng_state(sampling.generator)
         self.yielded, self.done = 0, False
         self.skipped: list = [] if resume is None else [BadSampleError(*s) for s in resume.skipped]
+        self.pin = None  # a backend that makes CPU batches itself sets pinning(settings)
 
     def resume_at(self, batches, resume: Optional[state.Position]):
         """Advance ``batches`` (index batches, nothing loaded) past those the saved iterator handed out,
@@ -94,7 +128,7 @@ class EpochIterator:
         except Exception as e:
             raise tagged_with_rank(e)
         self.yielded += 1
-        return batch
+        return self.pin(batch) if self.pin is not None else batch
 
     def position(self) -> state.Position:
         skipped = [(e.index, e.path, e.reason) for e in self.skipped]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import sys
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -24,9 +23,9 @@ from ..compiler.plan import plan as make_plan
 from ..compiler.stages import after_graph
 from ..datasets.adapters import FileSamples
 from ..device import cuda_connections_note, to_device, torch_device
-from ..errors import BadSampleError, NotCompilable, SkippedSamplesWarning
-from .base import Backend, EpochIterator, Sampling, Settings
-from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed
+from ..errors import BadSampleError, DamagedFileWarning, NotCompilable, SkippedSamplesWarning
+from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
+from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads
 from .workers import TorchWorkers
 
 
@@ -62,7 +61,8 @@ class CompiledGraph(Backend):
         self.origin = samples.origin
         self.stages = after_graph(plan)
         self.idle: list = []  # PipelineSlots no live iterator holds
-        self.pool: Optional[ThreadPoolExecutor] = None
+        self.via_pil: set = set()  # samples DALI failed on and PIL decodes: PIL decodes them from then on
+        self.pool: Optional[ReaderThreads] = None
         self._max_batch_size: Optional[int] = None
 
     def iterator(self, sampling: Sampling, resume: Optional[state.Position]) -> EpochIterator:
@@ -75,6 +75,8 @@ class CompiledGraph(Backend):
             lines.append(f"  collate_fn {getattr(c, '__name__', type(c).__name__)} runs on each compiled batch")
         if self.settings.device == "gpu" and cuda_connections_note():
             lines.append(f"  {cuda_connections_note()}")
+        if pin_memory_note(self.settings):
+            lines.append(f"  {pin_memory_note(self.settings)}")
         return "\n".join(lines + [self.plan.explain(self.settings.device)])
 
     def fallback(self) -> Optional[str]:
@@ -103,8 +105,7 @@ class CompiledGraph(Backend):
 
         s = self.settings
         if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=max(1, min(4, s.num_threads)),
-                                           thread_name_prefix="gputransforms-read")
+            self.pool = ReaderThreads(max(1, min(4, s.num_threads)), "gputransforms-read")
         # no_copy: DALI reads the files where the reader threads put them; copied in, they cost the
         # main thread (schedule_run runs the callback) a memcpy of every batch's files
         slot.pipe = build_pipeline(self.plan, slot.callback(keep=s.prefetch_queue_depth + 2), device=s.device,
@@ -138,7 +139,7 @@ class CompiledGraph(Backend):
             return ProcessEpochFeed(slot.decoders, batches, skip=s.on_error == "skip", skipped=skipped)
         return EpochFeed(self.files, batches, self.pool, lookahead=s.prefetch_queue_depth + 2,
                          skip=s.on_error == "skip", gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
-                         skipped=skipped)
+                         skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil))
 
     def labels(self, indices, dev: torch.device):
         f = self.files
@@ -158,8 +159,8 @@ class CompiledGraph(Backend):
 
     def __del__(self):
         # the loader and every iterator over it are gone: stop the reader threads without waiting
-        # (nothing is asked of them). Not at interpreter exit, where the pool's own modules are gone
-        # (torch's DataLoader is silent there too).
+        # (nothing is asked of them). Not at interpreter exit: they are daemon threads, and the
+        # modules they use may already be gone.
         pool = getattr(self, "pool", None)
         if pool is not None and not sys.is_finalizing():
             pool.shutdown(wait=False, cancel_futures=True)
@@ -205,6 +206,7 @@ class CompiledIterator(EpochIterator):
         self.raw = backend.plan.hands_over_raw(s.device)  # the graph hands over raw uint8 pixels
         self.scheduled = False
         self.first = True
+        self.pin = pinning(s)
 
     def random_state(self) -> tuple:
         pipe = self.slot.pipe if self.slot is not None else None
@@ -229,9 +231,14 @@ class CompiledIterator(EpochIterator):
             except StopIteration:
                 self._end_of_epoch()
             except RuntimeError as e:
-                err = name_failure(e, list(self.epoch.in_flight[0]) if self.epoch.in_flight else [], b.files)
+                batch = list(self.epoch.in_flight[0]) if self.epoch.in_flight else []
+                err = name_failure(e, batch, b.files)
                 if b.settings.on_error == "skip" and isinstance(err, BadSampleError):
                     self._restart_after_decode_error(err)
+                    continue
+                if isinstance(err, DecodedOnlyByPil) and not set(batch) <= b.via_pil and \
+                        b.plan.steps[0].op == "decode":
+                    self._restart_with_pil(batch)
                     continue
                 slot.pipe = None  # the pipeline object is dead after any error
                 self._release(dirty=False)
@@ -278,6 +285,24 @@ class CompiledIterator(EpochIterator):
         self.backend.build_pipeline(self.slot, self.seed + len(self.skipped))
         self.epoch = self.slot.epoch = self.backend.new_epoch(
             itertools.chain([b for b in pending if b], self.epoch.batches), self.skipped, self.slot)
+        self.scheduled = False
+
+    def _restart_with_pil(self, batch: list):
+        """DALI failed on a batch whose every file PIL decodes (and torchvision's chain runs on): which
+        file DALI refused it does not say, so PIL decodes the batch's files, now and in later epochs
+        (handed to DALI losslessly), and the epoch goes on from that batch in a new pipeline."""
+        b = self.backend
+        b.via_pil.update(batch)
+        named = ", ".join(f"{i}: {b.files.paths[i]}" for i in batch[:8]) + (" ..." if len(batch) > 8 else "")
+        warnings.warn(f"gputransforms: DALI could not decode a batch that PIL decodes (samples {named}); its files "
+                      "are decoded by PIL from now on, as torchvision's loader decodes them", DamagedFileWarning,
+                      stacklevel=4)
+        pending = self.epoch.pending()
+        self.epoch.stop()
+        self.slot.pipe = None
+        b.build_pipeline(self.slot, self.seed + len(self.skipped))
+        self.epoch = self.slot.epoch = b.new_epoch(itertools.chain(pending, self.epoch.batches), self.skipped,
+                                                   self.slot)
         self.scheduled = False
 
     def _end_of_epoch(self):
@@ -340,5 +365,12 @@ def name_failure(err: Exception, indices, samples: FileSamples) -> Exception:
                     return RuntimeError(f"gputransforms: sample {i} ({path}): {type(tv_err).__name__}: {tv_err}")
     named = ", ".join(f"{i}: {paths[i]}" for i in indices[:8])
     more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
-    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return RuntimeError(f"gputransforms: DALI failed on the batch of samples {named}{more}: {first_line}")
+    text = str(err).strip()
+    reason = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip() and "Critical error" not in ln),
+                  type(err).__name__)  # (DALI's first line says nothing; the decoder's reason comes last)
+    return DecodedOnlyByPil(f"gputransforms: DALI failed on the batch of samples {named}{more}, which PIL decodes: "
+                            f"{reason}")
+
+
+class DecodedOnlyByPil(RuntimeError):
+    """DALI failed on a batch whose every file PIL decodes: the compiled backend then decodes them with PIL."""

@@ -9,8 +9,11 @@ next one drains it (the batches DALI had already prefetched) before feeding it a
 from __future__ import annotations
 
 import collections
+import queue
+import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
 import torch
@@ -20,12 +23,63 @@ from .. import files
 from ..datasets.adapters import FileSamples
 
 
-class EpochFeed:
-    """One pass over the sampler: reads files ahead in threads, feeds DALI, remembers the order."""
+class ReaderThreads:
+    """``ThreadPoolExecutor.submit`` on daemon threads. A read that never returns (a FIFO, a stuck
+    network mount) then cannot hold the process: concurrent.futures joins its own threads at interpreter
+    exit, so after Ctrl-C such a process never ended; torch's DataLoader exits in half a second."""
 
-    def __init__(self, samples: FileSamples, batches, pool: ThreadPoolExecutor, lookahead: int, *, skip: bool,
-                 gpu: bool, check_jpeg_scan: bool, skipped: list):
-        self.read_one = samples.reader(gpu=gpu, check_jpeg_scan=check_jpeg_scan)
+    def __init__(self, workers: int, name: str):
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"{name}-{k}", daemon=True) for k in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+                future.set_exception(e)
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self.queue.put((future, fn, args))
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False):
+        """End the threads once their current read returns; ``wait``: up to a second for them."""
+        while cancel_futures:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self.threads:
+            self.queue.put(None)
+        if wait:
+            for t in self.threads:
+                t.join(timeout=1.0)
+
+
+class EpochFeed:
+    """One pass over the sampler: reads files ahead in threads, feeds DALI, remembers the order.
+    ``timeout`` (torch's DataLoader argument; 0: none): seconds a batch's files may take to read before
+    the epoch ends with an error naming the sample whose read stalled."""
+
+    def __init__(self, samples: FileSamples, batches, pool: ReaderThreads, lookahead: int, *, skip: bool,
+                 gpu: bool, check_jpeg_scan: bool, skipped: list, timeout: float = 0, via_pil: frozenset = frozenset()):
+        self.samples, self.timeout = samples, timeout
+        read = samples.reader(gpu=gpu, check_jpeg_scan=check_jpeg_scan)
+        # samples DALI failed on earlier (``via_pil``): decoded by PIL, handed over losslessly
+        self.read_one = read if not via_pil else \
+            (lambda i: files.decoded_by_pil(i, samples.paths[i]) if i in via_pil else read(i))
         self.columns = samples.num_inputs(gpu)
         self.batches = batches
         self.pool = pool
@@ -38,10 +92,12 @@ class EpochFeed:
         self.error: Optional[files.BadSampleError] = None
         self._fill()
 
-    def _read(self, indices):
-        """Encoded files of one batch; bad files raise, or are dropped and recorded with on_error="skip"."""
+    def _read(self, indices, now: list):
+        """Encoded files of one batch; bad files raise, or are dropped and recorded with on_error="skip".
+        ``now[0]``: the sample being read (for a timeout's error)."""
         data, kept = [], []
         for i in indices:
+            now[0] = i
             try:
                 data.append(self.read_one(i))
                 kept.append(i)
@@ -56,26 +112,33 @@ class EpochFeed:
             indices = next(self.batches, None)
             if indices is None:
                 break
-            indices = list(indices)
-            self.reading.append((indices, self.pool.submit(self._read, indices)))
+            indices, now = list(indices), [None]
+            self.reading.append((indices, now, self.pool.submit(self._read, indices, now)))
 
     def stop(self):
         self.stopped = True
 
     def pending(self) -> list:
         """Index batches handed to DALI or being read, in order (to replay after a rebuild)."""
-        return [list(b) for b in self.in_flight] + [b for b, _ in self.reading]
+        return [list(b) for b in self.in_flight] + [b for b, _, _ in self.reading]
 
     def next_encoded(self):
         """The external_source callback: the next batch of encoded files, in sampler order."""
         while True:
             if self.stopped or not self.reading:
                 raise StopIteration
-            _, future = self.reading.popleft()
+            _, now, future = self.reading.popleft()
             try:
-                indices, data = future.result()
+                indices, data = future.result(timeout=self.timeout or None)
             except files.BadSampleError as e:
                 self.error = e  # raised from the loop by the iterator, not from inside DALI
+                raise StopIteration
+            except FutureTimeout:
+                i = now[0]
+                path = self.samples.paths[i] if i is not None else "?"
+                self.error = RuntimeError(f"gputransforms: DataLoader timed out after {self.timeout} seconds: the "
+                                          f"read of sample {i} ({path}) did not return")
+                self.stopped = True
                 raise StopIteration
             self._fill()
             if indices:  # a batch whose every file was skipped is not fed

@@ -9,6 +9,7 @@ are computed from them with torchvision's integer arithmetic, not DALI's own rou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from typing import Any, Callable, Optional
 
@@ -265,14 +266,42 @@ def torchvision_augmentation_space(policy: str) -> dict:
         "Brightness": a.brightness.augmentation((0, enhance), True, a.shift_enhance_range),
         "Color": a.color.augmentation((0, enhance), True, a.shift_enhance_range),
         "Contrast": a.contrast.augmentation((0, enhance), True, a.shift_enhance_range),
-        "Sharpness": a.sharpness.augmentation((0, enhance), True, a.sharpness_kernel),
+        "Sharpness": _sharpness().augmentation((0, enhance), True, a.sharpness_kernel),
         "Posterize": a.posterize.augmentation(bits, False, a.poster_mask_uint8),
         "Solarize": a.solarize.augmentation((255, 0)),
         "AutoContrast": a.auto_contrast,
-        "Equalize": a.equalize,
+        "Equalize": _equalize(),
         "Invert": a.invert,  # AutoAugment's policies only
         "Identity": a.identity,  # TrivialAugmentWide and RandAugment only
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _sharpness():
+    """DALI's auto_aug ``sharpness`` (PIL's ImageEnhance.Sharpness but the 1-px border), on DALI's
+    ``fn.filter``: its own calls the deprecated ``fn.experimental.filter``, whose DeprecationWarning
+    would reach the user though it says nothing about their code."""
+    from nvidia.dali.auto_aug.core import augmentation
+
+    conv = getattr(fn, "filter", None) or fn.experimental.filter  # (DALI < 1.4x: experimental only)
+
+    @augmentation(mag_range=(0, 0.9), randomly_negate=True, param_device="auto", name="sharpness")
+    def sharpness(data, kernel):
+        return conv(data, kernel)
+    return sharpness
+
+
+@functools.lru_cache(maxsize=None)
+def _equalize():
+    """DALI's auto_aug ``equalize`` (OpenCV's lookup table) on ``fn.equalize``, for the same reason."""
+    from nvidia.dali.auto_aug.core import augmentation
+
+    eq = getattr(fn, "equalize", None) or fn.experimental.equalize
+
+    @augmentation(name="equalize")
+    def equalize(data, _):
+        return eq(data)
+    return equalize
 
 
 def _suite(policy: str) -> list:
@@ -385,9 +414,11 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
             LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
         return g.img
 
-    # (DALI 2.4's auto_aug calls its deprecated fn.experimental.* aliases: DALI itself prints a
-    # DeprecationWarning once, under a "default" filter that callers cannot override)
     with warnings.catch_warnings():
+        # torchvision's own AutoAugment policies have sub-policies of probability 0: true of torchvision's
+        # policy, nothing the user wrote
+        warnings.filterwarnings("ignore", message=r"The augmentation `\w+` in policy `torchvision` is used with "
+                                                  "probability 0")
         # the source is the loader's feed, which a resumed iterator positions itself
         warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external source")
         # a clip's size is fed for the steps that need it (a shorter-side resize, a crop); others do not
