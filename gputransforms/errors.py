@@ -12,6 +12,20 @@
 """
 from __future__ import annotations
 
+import sys
+
+#: packages whose frames a warning skips to point at the user's line (frameworks rebuild loaders)
+_LIBRARIES = {"gputransforms", "torch", "lightning", "pytorch_lightning", "accelerate"}
+
+
+def user_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, called where the warning is issued, that points at the first
+    frame outside gputransforms, torch and the training frameworks: the user's line."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _LIBRARIES:
+        frame, level = frame.f_back, level + 1
+    return level
+
 
 class BadSampleError(RuntimeError):
     """A sample whose file cannot be loaded; names the file and the sample index."""

@@ -20,7 +20,7 @@ import torch.utils.data as tud
 from . import backends, integrations, state
 from .compiler.plan import VIDEO_DECODERS
 from .device import default_threads, resolve as resolve_device
-from .errors import FallbackWarning, SkippedSamplesWarning, UnshardedWarning
+from .errors import FallbackWarning, SkippedSamplesWarning, UnshardedWarning, user_stacklevel
 
 __all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning"]
 
@@ -125,7 +125,8 @@ class DataLoader(tud.DataLoader):
             batch_sampler=batch_sampler, pin_memory=pin_memory, timeout=timeout), dataset)
         fallback = self._backend.fallback()
         if fallback:
-            warnings.warn(f"gputransforms: {fallback}; see DataLoader.explain()", FallbackWarning, stacklevel=2)
+            warnings.warn(f"gputransforms: {fallback}; see DataLoader.explain()", FallbackWarning,
+                          stacklevel=user_stacklevel())
         self._resume: Optional[state.Position] = None  # from load_state_dict, for the next iterator
         self._last_iter = None  # weak reference to the newest iterator: the one state_dict() describes
         self._warned_unsharded = False

@@ -293,3 +293,38 @@ def test_no_noise_at_interpreter_exit(indexed_folder):
             "it = iter(loader); next(it)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Exception ignored" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pin_memory_means_what_it_means_in_torch(indexed_folder, device):
+    """pin_memory=True: CPU batches pinned where an accelerator is present, torch's warning where none;
+    GPU batches have nothing to pin. explain() says which."""
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    loader = DataLoader(ds, batch_size=8, pin_memory=True, device=device)
+    if device == "gpu":
+        assert "nothing to pin" in loader.explain()
+        assert next(iter(loader))[0].is_cuda
+    elif torch.cuda.is_available():
+        assert "pinned host memory" in loader.explain()
+        x, y = next(iter(loader))
+        assert x.is_pinned() and y.is_pinned()
+    else:
+        assert "no accelerator" in loader.explain()
+        with pytest.warns(UserWarning, match="no accelerator is found"):
+            x, _ = next(iter(loader))
+        assert not x.is_pinned()
+
+
+def test_fallback_warning_names_the_transform_and_points_at_the_users_line(indexed_folder):
+    class Mine(T.RandomHorizontalFlip):
+        def forward(self, img):
+            return img
+
+    ds = datasets.ImageFolder(str(indexed_folder), transform=T.Compose([Mine(), T.PILToTensor()]))
+
+    class MyLoader(DataLoader):  # a user's subclass: the warning still points here, at the user's code
+        pass
+
+    with pytest.warns(FallbackWarning, match="Mine") as caught:
+        MyLoader(ds, batch_size=4, device="cpu")
+    assert caught[0].filename == __file__, caught[0].filename

@@ -18,7 +18,7 @@ from gputransforms import transforms as T
 import sidebyside
 from conftest import DEVICES
 from sidebyside import theirs, to_255
-from presets import ClassificationPresetEval, ClassificationPresetTrain
+from presets import PUBLISHED, ClassificationPresetEval, ClassificationPresetTrain, RASampler
 
 BASE = [T.Resize((96, 96))]
 
@@ -247,3 +247,44 @@ def test_no_library_warning_reaches_the_user(photo_folder, device, use_v2, polic
         for x, _ in loader:
             assert x.shape[1:] == (3, 64, 64)
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+
+
+@pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_v2", [False, True], ids=["v1", "v2"])
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_published_recipe_flag_sets_run(photo_folder, device, use_v2, model):
+    """Each flag set torchvision publishes for a classification model, through the recipe's presets,
+    RASampler and MixUp/CutMix collate with only the imports swapped: every batch of the epoch, the
+    sampler's sample count, the recipe's crop, soft targets where it mixes; the eval preset compiled."""
+    from torch.utils.data import ConcatDataset, default_collate
+    from torchvision.transforms import InterpolationMode
+
+    crop, val_resize, val_crop, interp, policy, erase, mixup, cutmix, reps = PUBLISHED[model]
+    mode = InterpolationMode(interp)
+    preset = ClassificationPresetTrain(crop_size=crop, interpolation=mode, auto_augment_policy=policy,
+                                       random_erase_prob=erase, use_v2=use_v2)
+    ds = ConcatDataset([datasets.ImageFolder(str(photo_folder), transform=preset)] * 6)  # 288: RASampler keeps 256
+    mixes = [v2.MixUp(alpha=mixup, num_classes=3)] if mixup else []
+    mixes += [v2.CutMix(alpha=cutmix, num_classes=3)] if cutmix else []
+    collate = None
+    if mixes:
+        mix = v2.RandomChoice(mixes)
+
+        def collate(batch):
+            return mix(*default_collate(batch))
+    sampler = RASampler(ds, repetitions=reps) if reps else None
+    loader = DataLoader(ds, batch_size=64, sampler=sampler, shuffle=None if reps else True, collate_fn=collate,
+                        device=device)
+    seen = 0
+    for x, y in loader:
+        assert x.shape[1:] == (3, crop, crop) and x.dtype == torch.float32
+        assert y.shape == ((len(x), 3) if mixes else (len(x),))
+        seen += len(x)
+    assert seen == (len(sampler) if reps else len(ds))
+    evaluation = ClassificationPresetEval(crop_size=val_crop, resize_size=val_resize, interpolation=mode,
+                                          use_v2=use_v2)
+    assert plan(evaluation).compiled and not plan(evaluation).tail
+    x, _ = next(iter(DataLoader(datasets.ImageFolder(str(photo_folder), transform=evaluation), batch_size=8,
+                                device=device)))
+    assert x.shape == (8, 3, val_crop, val_crop)
