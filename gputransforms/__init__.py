@@ -27,7 +27,8 @@ from .errors import (BadSampleError, DamagedFileWarning, FallbackWarning, Skippe
 from .inference import CompiledTransform, compile  # noqa: E402,A004 - gputransforms.compile, as the issue names it
 from .loader import DataLoader  # noqa: E402
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
+
 # (``compile`` is gputransforms.compile, but not in __all__: ``from gputransforms import *`` must not
 # shadow Python's builtin)
 __all__ = ["BadSampleError", "CompiledTransform", "DamagedFileWarning", "DataLoader", "FallbackWarning", "SkippedSamplesWarning",

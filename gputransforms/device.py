@@ -22,7 +22,7 @@ def widen_cuda_connections() -> None:
     The driver maps every stream of a process onto ``CUDA_DEVICE_MAX_CONNECTIONS`` queues; DALI and
     nvJPEG create ~90 streams, so with 8 many of them share a queue with the training loop's stream
     and their kernels wait behind the model's. Measured on an H100 beside a ResNet-18 step (medians of
-    29 runs): hand-written DALI +6%, gputransforms +11% (README, "Training end to end"). The variable
+    29 runs): hand-written DALI +6%, gputransforms +11% (docs/performance-notes.md, "Training end to end"). The variable
     is read when CUDA starts in the process, so it must be set before; CUDA started by a library other
     than torch is not seen here."""
     global _connections_note

@@ -73,10 +73,10 @@ class DataLoader(tud.DataLoader):
     ``video_decoder`` (video datasets): "pyav" (default) decodes clips with PyAV in ``num_workers`` worker
     processes and runs the chain in the graph on the device: on the GPU the workers hand over the
     frames' YUV planes and the graph converts them to RGB ("pyav-yuv": half the bytes, no conversion
-    on the CPU; within 2 of FFmpeg's RGB, mean 0.2-0.3 in 0-255 units, README, Video), on the CPU
+    on the CPU; within 2 of FFmpeg's RGB, mean 0.2-0.3 in 0-255 units, docs/video.md), on the CPU
     FFmpeg converts them in the workers ("pyav-rgb", frames equal to PyAV's); "nvdec" decodes them on
     the GPU inside the graph with DALI's ``decoders.video`` (measured ~9x slower on an H100 with
-    DALI 2.4: README, Video).
+    DALI 2.4: docs/video.md).
 
     Every extra argument is kept under its own name as a public attribute, as torch keeps its own,
     so a framework that re-creates the loader from its attributes gets the same loader. Nothing is

@@ -350,7 +350,8 @@ def test_users_dataset_that_cannot_be_read_without_decoding_runs_on_torch_and_sa
     import re
 
     mine = cls(flat_folder / "images", flat_folder / "labels.txt", TF)
-    with pytest.warns(FallbackWarning, match=re.escape(why) + ".*gputransforms.datasets.ImageList"):
+    advice = "gputransforms.compile" if cls is FromBytes else "gputransforms.datasets.ImageList"
+    with pytest.warns(FallbackWarning, match=re.escape(why) + ".*" + re.escape(advice)):
         loader = DataLoader(mine, batch_size=4, device="cpu")
     assert loader.backend == "torchvision" and why in loader.explain()
     ref = list(tud.DataLoader(mine, batch_size=4))
@@ -406,3 +407,31 @@ def test_image_list_formats(tmp_path, flat_folder):
         datasets.ImageList(bad)
     labels = next(iter(DataLoader(datasets.ImageList(csv, transform=TF), batch_size=3, device="cpu")))[1]
     assert labels.tolist() == [0, 1, 2] and labels.dtype == torch.int64
+
+
+def test_every_dataset_fallback_reason_gives_advice_that_fits(flat_folder, indexed_folder, monkeypatch):
+    """Each reason a dataset runs on torch's DataLoader says what would compile instead, and the advice
+    fits the case (encoded bytes in memory are not pointed at ImageList, which needs files)."""
+    import gputransforms.backends as B
+
+    class Stream(tud.IterableDataset):
+        def __iter__(self):
+            yield from ()
+
+    cases = {
+        "bytes in memory": (FromBytes(flat_folder / "images", flat_folder / "labels.txt", TF), "gputransforms.compile"),
+        "iterable": (Stream(), "ImageList"),
+        "custom loader": (datasets.ImageFolder(str(indexed_folder), transform=TF, loader=lambda p: Image.open(p)),
+                          "leave loader= at its default"),
+        "joint transforms": (torchvision.datasets.ImageFolder(str(indexed_folder), transform=TF),
+                             "pass it as transform="),
+    }
+    cases["joint transforms"][0].transforms = lambda img, target: (TF(img), target)  # as VisionDataset(transforms=)
+    for name, (ds, advice) in cases.items():
+        with pytest.warns(FallbackWarning) as caught:
+            loader = DataLoader(ds, batch_size=4, device="cpu")
+        assert loader.backend == "torchvision", name
+        assert advice in str(caught[0].message), (name, str(caught[0].message))
+    monkeypatch.setattr(B, "dali_available", lambda: False)
+    with pytest.warns(FallbackWarning, match=r"gputransforms\[cu13\]"):
+        DataLoader(datasets.ImageFolder(str(indexed_folder), transform=TF), batch_size=4, device="cpu")

@@ -1,6 +1,6 @@
 """device.widen_cuda_connections: gputransforms asks CUDA for 32 hardware work queues, so that DALI's
 streams share fewer of them with the training loop's (its effect is measured by benchmarks/train.py,
-README "Training end to end")."""
+docs/performance-notes.md, "Training end to end")."""
 import os
 import subprocess
 import sys

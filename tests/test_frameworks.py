@@ -147,7 +147,7 @@ def test_accelerate_mid_epoch_resume_with_save_state_and_skip_first_batches(acce
             assert d["next"] == d["full"][1], kind
 
 
-# --- README's torchrun recipe: plain torch.distributed, DistributedSampler + set_epoch -----------
+# --- docs/training.md's torchrun recipe: plain torch.distributed, DistributedSampler + set_epoch -----------
 
 @pytest.fixture(scope="module")
 def torchrun_run(indexed_folder, tmp_path_factory):

@@ -27,7 +27,9 @@ def _per_sample_items(settings: Settings, dataset, resolve):
 
 
 def _without_dali(settings: Settings, dataset, resolve):
-    return None if dali_available() else TorchWorkers(settings, "NVIDIA DALI is not installed")
+    return None if dali_available() else TorchWorkers(
+        settings, "NVIDIA DALI is not installed: pip install 'gputransforms[cu13]' for a CUDA 13 driver, '[cu12]' "
+                  "for CUDA 12; without a GPU either runs DALI's CPU operators")
 
 
 _CHOOSERS = (_per_sample_items, arrays.choose, _without_dali, compiled.choose)

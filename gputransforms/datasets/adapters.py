@@ -84,10 +84,12 @@ def _from_rows(ds, paths, targets) -> FileSamples:
     compiled when the loader is PIL's RGB one (older torchvision datasets open files inline the same
     way) and no joint ``transforms`` was given."""
     if _compat.dataset_loader(ds) not in (default_loader, pil_loader):
-        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does")
+        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does "
+                            "(to compile it, leave loader= at its default)")
     joint = getattr(ds, "transforms", None)
     if joint is not None and not isinstance(joint, StandardTransform):
-        raise NotCompilable(f"{type(ds).__name__} was given a joint `transforms` (image and target together)")
+        raise NotCompilable(f"{type(ds).__name__} was given a joint `transforms` (image and target together); to "
+                            "compile the image chain, pass it as transform= and the target's as target_transform=")
     return FileSamples([os.fspath(p) for p in paths], list(targets), ds.transform,
                        None if ds.target_transform is None else [ds.target_transform] * len(paths))
 
@@ -210,7 +212,8 @@ def resolve(dataset) -> FileSamples:
             return samples
         break
     if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__getitem__"):
-        raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile")
+        raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile (to compile it, give "
+                            "the files and targets to gputransforms.datasets.ImageList)")
     paths, targets, chain = discover.discover(dataset)
     return FileSamples(paths, targets, chain, None,
                        f"found by running {name}.__getitem__ on a placeholder image for each of its "

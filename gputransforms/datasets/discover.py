@@ -32,8 +32,17 @@ _installed = [0, None]  # users of the interception, the real PIL.Image.open
 _SIZE = (23, 17)  # the placeholder: a size and pattern no user code produces by chance
 
 
+#: what to do instead, when the dataset's files cannot be found by running its __getitem__
+_IMAGELIST = "to compile it, give the files and targets to gputransforms.datasets.ImageList"
+_IN_MEMORY = ("its images are encoded bytes in memory, which the DataLoader compiles only from files: "
+              "gputransforms.compile(transform) runs the chain compiled on batches of bytes (docs/inference.md), "
+              "or write the bytes to files and use gputransforms.datasets.ImageList")
+
+
 class _Undiscoverable(Exception):
-    pass
+    def __init__(self, reason: str, advice: str = _IMAGELIST):
+        super().__init__(reason)
+        self.advice = advice
 
 
 def _template() -> Image.Image:
@@ -52,7 +61,7 @@ def _path_of(fp) -> str:
     name = getattr(fp, "name", None)
     if isinstance(name, (str, bytes)) and os.path.isfile(name):  # open(path, "rb") handed to PIL
         return os.path.abspath(os.fsdecode(name))
-    raise _Undiscoverable(f"opens an image from a {type(fp).__name__}, not from a file")
+    raise _Undiscoverable(f"opens an image from a {type(fp).__name__}, not from a file", _IN_MEMORY)
 
 
 def _open(fp, *args, **kwargs):
@@ -113,7 +122,7 @@ def discover(ds):
     try:
         n = len(ds)
     except TypeError:
-        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile") from None
+        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile ({_IMAGELIST})") from None
     try:
         try:
             attr = transform_attribute(ds)
@@ -141,8 +150,7 @@ def discover(ds):
                 paths.append(_check(i, calls, recorder, out, attr))
                 targets.append(out[1])
     except _Undiscoverable as e:
-        raise NotCompilable(f"{name}.__getitem__ {e}; to compile it, give the files and targets to "
-                            "gputransforms.datasets.ImageList") from None
+        raise NotCompilable(f"{name}.__getitem__ {e}; {e.advice}") from None
     return paths, targets, chain
 
 
