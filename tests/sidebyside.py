@@ -30,8 +30,9 @@ def ours(root, tf, device, epochs: int = 1, **kwargs) -> torch.Tensor:
 
 
 def ours_with_labels(root, tf, device, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and labels of one epoch, where the loader put them (the device)."""
     images, labels = zip(*loader(root, tf, device, **kwargs))
-    return torch.cat([x.cpu() for x in images]), torch.cat([y.cpu() for y in labels])
+    return torch.cat(images), torch.cat(labels)
 
 
 def theirs(root, tf, epochs: int = 1) -> torch.Tensor:
