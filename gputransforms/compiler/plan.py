@@ -392,4 +392,12 @@ def _plan_video(transforms: list, layout: str, decoder: str, frames: str) -> Pla
 
 
 def explain(transform, device: Optional[str] = None) -> str:
+    """How ``transform`` (a Compose of torchvision v1/v2, timm or gputransforms transforms) compiles: the
+    DALI graph's operators with the transforms each comes from and its fusions, then what runs after the
+    graph, batched on the device or per sample, and why the graph ends where it does.
+
+    :param transform: the chain, as the dataset would apply it
+    :param device: "gpu" or "cpu" (default: the GPU when torch sees one)
+    :return: the plan, one line per operator or transform
+    """
     return plan(transform).explain(device or default_device())
