@@ -172,11 +172,15 @@ def prepare(index: int, path: str, *, small_jpegs_via_pil: bool = False, check_j
     ``small_jpegs_via_pil``: decode JPEGs with a side under SMALL_JPEG_SIDE with PIL (GPU decoding);
     ``check_jpeg_scan``: look for invalid markers in the entropy-coded data; a JPEG that has one is
     left to PIL, which raises for it like torchvision would."""
+    return prepare_bytes(index, path, _read_sample(index, path), small_jpegs_via_pil=small_jpegs_via_pil,
+                         check_jpeg_scan=check_jpeg_scan)
+
+
+def _read_sample(index: int, path: str) -> bytes:
     try:
-        data = read_file(path)
+        return read_file(path)
     except OSError as e:
         raise BadSampleError(index, path, f"cannot read it ({e.strerror or e})") from e
-    return prepare_bytes(index, path, data, small_jpegs_via_pil=small_jpegs_via_pil, check_jpeg_scan=check_jpeg_scan)
 
 
 def prepare_bytes(index: int, path: str, data: bytes, *, small_jpegs_via_pil: bool = False,
@@ -227,11 +231,7 @@ def _damaged_via_pil(data: bytes, index: int, path: str, damage: str) -> bytes:
 def decoded_by_pil(index: int, path: str) -> np.ndarray:
     """The file decoded by PIL as torchvision's loader would, handed to DALI losslessly (a file DALI
     failed on); BadSampleError where PIL cannot read or decode it either."""
-    try:
-        data = read_file(path)
-    except OSError as e:
-        raise BadSampleError(index, path, f"cannot read it ({e.strerror or e})") from e
-    return _as_array(_pil_to_bmp(data, index, path))
+    return _as_array(_pil_to_bmp(_read_sample(index, path), index, path))
 
 
 def _as_array(data: bytes) -> np.ndarray:

@@ -279,13 +279,7 @@ class CompiledIterator(EpochIterator):
         was in flight (without the bad file) before the rest of the epoch."""
         self.skipped.append(bad)
         done = {e.index for e in self.skipped}  # this one, and those the reader threads already left out
-        pending = [[i for i in b if i not in done] for b in self.epoch.pending()]
-        self.epoch.stop()
-        self.slot.pipe = None
-        self.backend.build_pipeline(self.slot, self.seed + len(self.skipped))
-        self.epoch = self.slot.epoch = self.backend.new_epoch(
-            itertools.chain([b for b in pending if b], self.epoch.batches), self.skipped, self.slot)
-        self.scheduled = False
+        self._refeed([kept for kept in ([i for i in b if i not in done] for b in self.epoch.pending()) if kept])
 
     def _restart_with_pil(self, batch: list):
         """DALI failed on a batch whose every file PIL decodes (and torchvision's chain runs on): which
@@ -297,12 +291,16 @@ class CompiledIterator(EpochIterator):
         warnings.warn(f"gputransforms: DALI could not decode a batch that PIL decodes (samples {named}); its files "
                       "are decoded by PIL from now on, as torchvision's loader decodes them", DamagedFileWarning,
                       stacklevel=4)
-        pending = self.epoch.pending()
+        self._refeed(self.epoch.pending())
+
+    def _refeed(self, pending: list):
+        """The pipeline object is dead after any error: a new one, fed ``pending`` (the batches that were
+        in flight), in order, before the rest of the epoch."""
         self.epoch.stop()
         self.slot.pipe = None
-        b.build_pipeline(self.slot, self.seed + len(self.skipped))
-        self.epoch = self.slot.epoch = b.new_epoch(itertools.chain(pending, self.epoch.batches), self.skipped,
-                                                   self.slot)
+        self.backend.build_pipeline(self.slot, self.seed + len(self.skipped))
+        self.epoch = self.slot.epoch = self.backend.new_epoch(itertools.chain(pending, self.epoch.batches),
+                                                              self.skipped, self.slot)
         self.scheduled = False
 
     def _end_of_epoch(self):
