@@ -9,6 +9,7 @@ next one drains it (the batches DALI had already prefetched) before feeding it a
 from __future__ import annotations
 
 import collections
+import gc
 import queue
 import threading
 import weakref
@@ -184,6 +185,14 @@ def _identity(x):
     return x
 
 
+def _inherit_without_collecting(_worker_id: int) -> None:
+    """A forked decoder starts with a copy of everything the parent held, DALI pipelines included,
+    whose destructors join threads that do not exist in the child. The cyclic collector would reach
+    the unreachable ones at the child's first collection: a segmentation fault, once in a full CPU
+    test run. Frozen, the inherited objects are never collected here (the parent collects them)."""
+    gc.freeze()
+
+
 def _stop_workers(dl: tud.DataLoader) -> None:
     """End ``dl``'s persistent worker processes now. torch's own shutdown (its iterator's ``__del__``,
     at whatever garbage collection reaches an abandoned loader) lets each worker first decode the
@@ -211,13 +220,16 @@ class ProcessDecoders:
             samples.reader(gpu=False, check_jpeg_scan=False)
         self.dl = tud.DataLoader(_Decoded(read), batch_size=None,
                                  sampler=self.flat, num_workers=workers, collate_fn=_identity,
-                                 prefetch_factor=max(2, lookahead), persistent_workers=True)
+                                 prefetch_factor=max(2, lookahead), persistent_workers=True,
+                                 worker_init_fn=_inherit_without_collecting)
         # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)
         self.close = weakref.finalize(self, _stop_workers, self.dl)
 
     def epoch(self, batches):
         self.flat.batches = batches
         self.flat.pulled.clear()
+        if self.dl._iterator is None:  # workers are forked now: garbage (a dropped pipeline) goes first
+            gc.collect()
         return iter(self.dl)  # a persistent iterator resets: outstanding work of a left epoch is dropped
 
 
@@ -233,7 +245,7 @@ class ProcessEpochFeed(EpochFeed):
         self.stopped = False
         self.skip = skip
         self.skipped = skipped
-        self.error: Optional[files.BadSampleError] = None
+        self.error: Optional[Exception] = None
         self.decoders = decoders
         self.it = decoders.epoch(batches)
 
@@ -244,12 +256,16 @@ class ProcessEpochFeed(EpochFeed):
         while True:
             if self.stopped:
                 raise StopIteration
-            first = next(self.it, None)
-            if first is None:
-                self.stopped = True
-                raise StopIteration
-            # the sampler has handed out this batch's first index, so the batch is recorded
-            items = [first] + [next(self.it) for _ in range(len(self.decoders.flat.pulled.popleft()) - 1)]
+            try:
+                first = next(self.it, None)
+                if first is None:
+                    self.stopped = True
+                    raise StopIteration
+                # the sampler has handed out this batch's first index, so the batch is recorded
+                items = [first] + [next(self.it) for _ in range(len(self.decoders.flat.pulled.popleft()) - 1)]
+            except RuntimeError as e:  # a worker died (torch names it and its signal): raised as it is
+                self.error, self.stopped = e, True
+                raise StopIteration from None
             kept, data = [], []
             for i, item, err in items:
                 if err is None:
