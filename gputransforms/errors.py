@@ -52,9 +52,20 @@ class UnshardedWarning(UserWarning):
     """torch.distributed runs several ranks but the loader's sampler is not distributed."""
 
 
-class NotCompilable(Exception):
-    """The dataset cannot be fed to a compiled graph; the message says why in one line."""
+class _WithAdvice(Exception):
+    """A reason something runs as torchvision runs it, and what the user can change so that it compiles
+    (every one is given advice: tests/test_structure.py lists them)."""
+
+    def __init__(self, reason: str, advice: str):
+        super().__init__(f"{reason}; {advice}" if advice else reason)
+        self.reason, self.advice = reason, advice
 
 
-class NotLowerable(Exception):
-    """The transform has no lowering with torchvision's meaning; it runs as torchvision runs it."""
+class NotCompilable(_WithAdvice):
+    """The dataset cannot be fed to a compiled graph; the message says why in one line, and what would
+    compile instead."""
+
+
+class NotLowerable(_WithAdvice):
+    """The transform has no lowering with torchvision's meaning; it runs as torchvision runs it. The
+    message says why, and what to change to keep it in the graph."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ Encoded = Union[bytes, bytearray, memoryview, np.ndarray, torch.Tensor, str, os.
 class CompiledTransform:
     """What ``compile`` returns; call it on one encoded image or a list of them."""
 
-    def __init__(self, transform, device: Optional[str] = None, max_batch_size: int = 64,
+    def __init__(self, transform: Callable, device: Optional[str] = None, max_batch_size: int = 64,
                  num_threads: Optional[int] = None, seed: int = 0):
         self.transform = transform
         self.plan = make_plan(transform)
@@ -123,6 +123,6 @@ def _raw(index: int, item) -> tuple[str, bytes]:
     return f"<image {index} of the batch>", bytes(item)
 
 
-def compile(transform, device: Optional[str] = None, max_batch_size: int = 64, **kwargs) -> CompiledTransform:  # noqa: A001
+def compile(transform: Callable, device: Optional[str] = None, max_batch_size: int = 64, **kwargs) -> CompiledTransform:  # noqa: A001
     """``transform`` (an eval Compose) compiled for batches of encoded images or paths: see ``CompiledTransform``."""
     return CompiledTransform(transform, device=device, max_batch_size=max_batch_size, **kwargs)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
+import torch
 import torch.utils.data as tud
 
 from . import backends, integrations, state
@@ -83,10 +84,12 @@ class DataLoader(tud.DataLoader):
     built until the first iteration.
     """
 
-    def __init__(self, dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None, sampler=None,
-                 batch_sampler=None, num_workers: int = 0, collate_fn=None, pin_memory: bool = False,
-                 drop_last: bool = False, timeout: float = 0, worker_init_fn=None, multiprocessing_context=None,
-                 generator=None, *, prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
+    def __init__(self, dataset: tud.Dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
+                 sampler: Union[tud.Sampler, Iterable, None] = None,
+                 batch_sampler: Union[tud.Sampler[list], Iterable[list], None] = None, num_workers: int = 0,
+                 collate_fn: Optional[Callable[[list], Any]] = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0, worker_init_fn: Optional[Callable[[int], None]] = None,
+                 multiprocessing_context: Any = None, generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True, device: Optional[str] = None,
                  seed: Optional[int] = None, hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
                  on_error: str = "raise", validate_jpeg: Optional[bool] = None, video_decoder: str = "pyav"):

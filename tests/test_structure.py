@@ -183,3 +183,95 @@ def test_fallback_names_the_users_class_in_explain():
     text = gputransforms.explain(chain, "cpu")
     assert "TopLeftCrop overrides RandomResizedCrop.forward" in text, text
     assert inspect.getsource(TopLeftCrop.forward)  # (the test's own transform, as a user writes it)
+
+
+_REASONS = ("NotLowerable", "NotCompilable", "_Undiscoverable", "TorchWorkers")
+_ADVICE = ("to compile", "pip install", "pass num_workers=0", "put it last")
+
+
+def fallback_reasons() -> list:
+    """(file:line, reason, advice) of every place the package says why something runs as torchvision
+    runs it: the two exceptions (reason, advice), discovery's, and the literal reasons of the torch
+    workers backend. A reason passed on (``str(e)``, a plan's tail reason) is listed where it is made."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and ast.unparse(node.func) in _REASONS):
+                continue
+            where = f"{path.relative_to(PACKAGE)}:{node.lineno}"
+            name = ast.unparse(node.func)
+            if name == "TorchWorkers":
+                reason = node.args[1]
+                if isinstance(reason, (ast.Constant, ast.JoinedStr)):
+                    text = ast.unparse(reason)
+                    found.append((where, text, text))
+                continue
+            args = node.args + [k.value for k in node.keywords if k.arg == "advice"]
+            reason = ast.unparse(args[0]) if args else ""
+            advice = ast.unparse(args[1]) if len(args) > 1 else \
+                ("_IMAGELIST" if name == "_Undiscoverable" else "")  # discovery's default advice
+            found.append((where, reason, advice))
+    return found
+
+
+def test_every_fallback_reason_gives_advice():
+    """#33: a user told why something runs as torchvision runs it is told what would compile instead."""
+    reasons = fallback_reasons()
+    assert len(reasons) >= 40  # the scan sees them (36 exceptions, discovery's, the workers' literals)
+    missing = [(w, r) for w, r, a in reasons if not a]
+    assert not missing, missing
+    consts = {"_IMAGELIST": "to compile", "_IN_MEMORY": "gputransforms.compile", "_NOT_FILES": "to compile",
+              "e.advice": "to compile"}
+    vague = [(w, a) for w, r, a in reasons
+             if not any(m in consts.get(a, a) for m in _ADVICE + ("gputransforms.compile",))]
+    assert not vague, vague
+
+
+def test_the_advice_reaches_the_warning(indexed_folder):
+    """The advice is in the FallbackWarning and in explain(), after the reason."""
+    import warnings
+
+    from gputransforms import datasets
+    from gputransforms import transforms as T2
+    root = str(indexed_folder)
+    chain = T2.Compose([T2.RandomCrop(16, padding=2, padding_mode="reflect"), T2.ToTensor()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = gputransforms.DataLoader(datasets.ImageFolder(root, transform=chain), batch_size=2, device="cpu")
+    text = " ".join(str(w.message) for w in caught)
+    assert "padding_mode='reflect'" in text and "use padding_mode='constant'" in text, text
+    assert "use padding_mode='constant'" in loader.explain()
+
+
+def _public_names() -> list:
+    """(name, object) of every public name the package defines itself: its __all__, compile, and the
+    datasets and transforms it adds to torchvision's (torchvision's own re-exports are its business)."""
+    from gputransforms import datasets, transforms
+
+    names = [(n, getattr(gputransforms, n)) for n in gputransforms.__all__ if n not in ("datasets", "transforms")]
+    names.append(("compile", gputransforms.compile))
+    for mod in (datasets, transforms):
+        for n in getattr(mod, "__all__", dir(mod)):
+            obj = getattr(mod, n, None)
+            if getattr(obj, "__module__", "").startswith("gputransforms") and not n.startswith("_"):
+                names.append((f"{mod.__name__}.{n}", obj))
+    return names
+
+
+def test_every_public_name_has_a_docstring_and_type_hints():
+    """#33: help() says something for each public name, and its parameters are annotated."""
+    names = _public_names()
+    assert {"DataLoader", "explain", "compile", "FallbackWarning", "BadSampleError"} <= {n for n, _ in names}
+    bare = [n for n, o in names if len(inspect.getdoc(o) or "") < 30]
+    assert not bare, bare
+    unhinted = []
+    for n, o in names:
+        fn = o.__init__ if isinstance(o, type) and not issubclass(o, BaseException) else o
+        if isinstance(o, type) and issubclass(o, BaseException) or \
+                not getattr(fn, "__module__", "").startswith("gputransforms"):  # torchvision's own __init__
+            continue
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if any(p.annotation is inspect.Parameter.empty for p in params):
+            unhinted.append((n, [p.name for p in params if p.annotation is inspect.Parameter.empty]))
+    assert not unhinted, unhinted

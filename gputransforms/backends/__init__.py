@@ -22,7 +22,8 @@ __all__ = ["Backend", "EpochIterator", "Sampling", "Settings", "choose"]
 
 def _per_sample_items(settings: Settings, dataset, resolve):
     if settings.batch_size is None and settings.batch_sampler is None:
-        return TorchWorkers(settings, "batch_size=None: per-sample items, not batches")
+        return TorchWorkers(settings, "batch_size=None: per-sample items, not batches; to compile it, give a "
+                                      "batch_size (the graph works on batches)")
     return None
 
 

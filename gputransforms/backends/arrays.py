@@ -119,7 +119,8 @@ def choose(settings: Settings, dataset, resolve) -> Optional[Backend]:
     if samples.pil and samples.transform is None:
         if settings.collate is not None:
             return TorchWorkers(settings, f"{type(dataset).__name__} without a transform gives the collate_fn "
-                                          "PIL images")
+                                          "PIL images; to compile it, give the dataset transform=PILToTensor() "
+                                          "(the collate_fn then gets uint8 tensors)")
         raise TypeError(f"{type(dataset).__name__} without a transform gives PIL images, which cannot be batched "
                         "(torch's default_collate raises too); add ToTensor() or PILToTensor()")
     return DeviceArraysBackend(settings, samples, stages)

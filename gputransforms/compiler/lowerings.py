@@ -29,7 +29,8 @@ DALI_INTERPOLATION = {
 def _interp(t) -> str:
     mode = _compat.interpolation_mode(t.interpolation)
     if mode not in DALI_INTERPOLATION:
-        raise NotLowerable(f"{type(t).__name__}: interpolation {mode.value!r} has no DALI equivalent")
+        raise NotLowerable(f"{type(t).__name__}: interpolation {mode.value!r} has no DALI equivalent",
+                           "to compile it, use InterpolationMode.BILINEAR, BICUBIC, NEAREST or LANCZOS")
     return DALI_INTERPOLATION[mode]
 
 
@@ -59,10 +60,12 @@ def center_crop(t) -> Op:
 def random_crop(t) -> Op:
     padding = _compat.padding_ltrb(t)
     if (any(padding) or t.pad_if_needed) and t.padding_mode != "constant":
-        raise NotLowerable(f"RandomCrop: padding_mode={t.padding_mode!r} (only 'constant' is lowered)")
+        raise NotLowerable(f"RandomCrop: padding_mode={t.padding_mode!r} (only 'constant' is lowered)",
+                           "to compile it, use padding_mode='constant' (the default)")
     fill = _compat.constant_fill(t)
     if fill is None:
-        raise NotLowerable("RandomCrop: fill given per input type")
+        raise NotLowerable("RandomCrop: fill given per input type",
+                           "to compile it, give one fill for every input (a number or a tuple)")
     return Op("crop", dict(mode="random", size=tuple(t.size), padding=padding, pad_if_needed=bool(t.pad_if_needed),
                            fill=fill), t)
 
@@ -90,7 +93,8 @@ def to_dtype(t) -> Op:
 
         dtype = dtype.get(tv_tensors.Image, dtype.get("others"))
         if dtype is None:
-            raise NotLowerable("ToDtype: no dtype given for images")
+            raise NotLowerable("ToDtype: no dtype given for images",
+                               "to compile it, give a dtype for tv_tensors.Image or for 'others'")
     return Op("to_dtype", dict(dtype=dtype, scale=bool(t.scale)), t)
 
 
@@ -104,13 +108,15 @@ def _auto_augment_args(t) -> dict:
     name = type(t).__name__
     mode = _compat.interpolation_mode(t.interpolation)
     if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
-        raise NotLowerable(f"{name}: interpolation {mode.value!r} (DALI's warps: nearest, bilinear)")
+        raise NotLowerable(f"{name}: interpolation {mode.value!r} (DALI's warps: nearest, bilinear)",
+                           "to compile it, use InterpolationMode.BILINEAR or NEAREST")
     fill = t.fill
     if isinstance(fill, dict):
-        raise NotLowerable(f"{name}: fill given per input type")
+        raise NotLowerable(f"{name}: fill given per input type",
+                           "to compile it, give one fill for every input (a number or a tuple)")
     if isinstance(fill, (list, tuple)):
         if len(set(fill)) != 1:
-            raise NotLowerable(f"{name}: a per-channel fill")
+            raise NotLowerable(f"{name}: a per-channel fill", "to compile it, fill every channel with one value")
         fill = fill[0]
     return dict(interp=DALI_INTERPOLATION[mode], fill=0 if fill is None else int(fill))
 
@@ -140,7 +146,8 @@ def timm_random_resized_crop(t) -> Op:
         modes = [_compat.interpolation_mode(m) for m in t.interpolation]
         missing = [m.value for m in modes if m not in DALI_INTERPOLATION]
         if missing or not modes:
-            raise NotLowerable(f"RandomResizedCropAndInterpolation: interpolation {missing} has no DALI equivalent")
+            raise NotLowerable(f"RandomResizedCropAndInterpolation: interpolation {missing} has no DALI equivalent",
+                               "to compile it, use interpolation 'bilinear', 'bicubic' or 'random'")
         interp = tuple(DALI_INTERPOLATION[m] for m in modes)
     else:
         interp = _interp(t)

@@ -14,7 +14,7 @@ Three layers, one direction:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -166,38 +166,45 @@ class _Planner:
         if self.graph_float:
             return [float(r) for r in raw]
         if not _are_uint8_values(raw):
-            raise NotLowerable(f"{type(op.source).__name__}: fill {tuple(op.args['fill'])} after a value change")
+            raise NotLowerable(f"{type(op.source).__name__}: fill {tuple(op.args['fill'])} after a value change",
+                               "to compile it, use whole numbers 0-255 for the fill, or move the transform "
+                               "before the value change (ToTensor, ToDtype, Normalize)")
         return [float(round(r)) for r in raw]
 
     def value(self, op: Op):
         a = op.args
         if op.kind == "to_tensor":
             if self.tensor:
-                raise NotLowerable(f"{type(op.source).__name__}: input is already a tensor")
+                raise NotLowerable(f"{type(op.source).__name__}: input is already a tensor",
+                                   "to compile it, convert to a tensor once (drop the second conversion)")
             self.tensor = True
             self.dtype = a["dtype"]
             if a["scale"]:
                 self._affine(1 / 255.0, 0.0)
         elif op.kind == "to_dtype":
             if not self.tensor:
-                raise NotLowerable(f"{type(op.source).__name__}: input is not a tensor yet")
+                raise NotLowerable(f"{type(op.source).__name__}: input is not a tensor yet",
+                                   "to compile it, put ToImage() (or PILToTensor()) before it")
             new = a["dtype"]
             if not new.is_floating_point:
                 if new != self.dtype:
-                    raise NotLowerable(f"{type(op.source).__name__}: conversion to {new}")
+                    raise NotLowerable(f"{type(op.source).__name__}: conversion to {new}",
+                                       "to compile it, convert to uint8 or a float dtype")
             elif a["scale"] and not self.dtype.is_floating_point:
                 self._affine(1 / 255.0, 0.0)
             self.dtype = new
         elif op.kind == "normalize":
             if not self.tensor or not self.dtype.is_floating_point:
-                raise NotLowerable("Normalize: input is not a float tensor")
+                raise NotLowerable("Normalize: input is not a float tensor",
+                                   "to compile it, put ToDtype(torch.float32, scale=True) or ToTensor() before it")
             mean, std = a["mean"], a["std"]
             if len(mean) == 1:
                 mean = mean * 3
             if len(std) == 1:
                 std = std * 3
             if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
-                raise NotLowerable("Normalize: mean/std are not 3 positive channels")
+                raise NotLowerable("Normalize: mean/std are not 3 positive channels",
+                                   "to compile it, give one mean and one positive std per RGB channel")
             self.scale = [s / d for s, d in zip(self.scale, std)]
             self.shift = [(b - m) / d for b, m, d in zip(self.shift, mean, std)]
         self.value_sources.append(op.source)
@@ -252,7 +259,8 @@ class _Planner:
                 self.crop, self.crop_fill_raw = op, self.raw_fill(op.args["fill"], op, strict=False)
         elif op.kind == "auto_augment":
             if self.tensor:
-                raise NotLowerable(f"{type(op.source).__name__} after ToTensor (DALI's suite works on uint8 images)")
+                raise NotLowerable(f"{type(op.source).__name__} after ToTensor (DALI's suite works on uint8 images)",
+                                   "to compile it, put it before ToTensor/ToDtype (as torchvision's references do)")
             self.flush()
             note = ("timm's ops and level functions, DALI conditionals" if op.args["policy"] == "timm_augment"
                     else "torchvision's augmentation space in DALI's auto_aug ops")
@@ -273,7 +281,9 @@ class _Planner:
             try:
                 op = dali_op(t)
                 if op.kind in per_clip:
-                    raise NotLowerable(f"{type(t).__name__}: on clips it runs per clip with torchvision")
+                    raise NotLowerable(f"{type(t).__name__}: on clips it runs per clip with torchvision",
+                                       "to compile it, apply it to frames (an image dataset), or accept the "
+                                       "per-clip cost; explain() shows what stays in the graph")
                 if op.kind in ("to_tensor", "to_dtype", "normalize"):
                     self.value(op)
                 else:
@@ -324,7 +334,7 @@ def _are_uint8_values(raw: list) -> bool:
 VIDEO_DECODERS = ("pyav", "pyav-yuv", "pyav-rgb", "nvdec")
 
 
-def plan(transform, input: str = "image", *, device: str = "cpu", video_decoder: str = "pyav") -> Plan:
+def plan(transform: Callable, input: str = "image", *, device: str = "cpu", video_decoder: str = "pyav") -> Plan:
     """Plan ``transform`` (a Compose of torchvision v1/v2 or gputransforms transforms).
 
     ``input``: "image" (files PIL would open), or the frames of video clips as torchvision's
@@ -391,7 +401,7 @@ def _plan_video(transforms: list, layout: str, decoder: str, frames: str) -> Pla
                 compiled=True, tail_mode="clip", affine=planner.affine)
 
 
-def explain(transform, device: Optional[str] = None) -> str:
+def explain(transform: Callable, device: Optional[str] = None) -> str:
     """How ``transform`` (a Compose of torchvision v1/v2, timm or gputransforms transforms) compiles: the
     DALI graph's operators with the transforms each comes from and its fusions, then what runs after the
     graph, batched on the device or per sample, and why the graph ends where it does.

@@ -131,7 +131,12 @@ def dali_op(t) -> Op:
     entry = lookup(t)
     if entry is None or entry.dali is None:
         why = user_override(t)
-        raise NotLowerable(f"{why}: runs as written" if why else f"{type(t).__name__}: no DALI lowering")
+        if why:
+            raise NotLowerable(f"{why}: runs as written", "to compile it, use torchvision's class itself (a subclass "
+                               "that only changes __init__ arguments compiles)")
+        raise NotLowerable(f"{type(t).__name__}: no DALI lowering", "it runs after the graph, batched on the device "
+                           "where it has a batched kernel, else per sample; put it last in the chain to keep the "
+                           "rest in the graph")
     return entry.dali(t)
 
 

@@ -72,7 +72,8 @@ def in_memory(transform, pil: bool = True) -> list:
             continue
         if image_state and not tensor_capable(t):  # (after ToTensor torchvision hands it a tensor too)
             raise NotLowerable(f"{type(t).__name__} needs a PIL image (its tensor kernels differ or are missing, "
-                               "or it is the user's own)")
+                               "or it is the user's own)", "to compile it, put ToImage() or PILToTensor() before "
+                               "it, or write it with torch ops on tensors")
         fn = registry.vectorized_of(t)
         if fn is not None:
             out.append((t, fn, "vectorized"))

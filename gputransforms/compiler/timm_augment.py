@@ -45,12 +45,14 @@ def _interp(resample, name: str) -> str:
     from PIL import Image
 
     if isinstance(resample, (list, tuple)):
-        raise NotLowerable(f"timm {name}: a random interpolation per op (DALI's warps: nearest, bilinear)")
+        raise NotLowerable(f"timm {name}: a random interpolation per op (DALI's warps: nearest, bilinear)",
+                           "to compile it, give the policy interpolation='bilinear' (timm's hparams)")
     if resample == Image.Resampling.BILINEAR:
         return "INTERP_LINEAR"
     if resample == Image.Resampling.NEAREST:
         return "INTERP_NN"
-    raise NotLowerable(f"timm {name}: interpolation {resample!r} (DALI's warps: nearest, bilinear)")
+    raise NotLowerable(f"timm {name}: interpolation {resample!r} (DALI's warps: nearest, bilinear)",
+                       "to compile it, give the policy interpolation='bilinear' (timm's hparams)")
 
 
 def _op_spec(op, owner: str) -> dict:
@@ -58,13 +60,15 @@ def _op_spec(op, owner: str) -> dict:
 
     name = getattr(op, "name", None)
     if type(op) is not aa.AugmentOp or name not in SUPPORTED:
-        raise NotLowerable(f"timm {owner}: op {op!r} has no lowering")
+        raise NotLowerable(f"timm {owner}: op {op!r} has no lowering",
+                           "to compile it, keep to timm's own op names (docs/compatibility.md lists them)")
     if op.aug_fn is not aa.NAME_TO_OP[name] or op.level_fn is not aa.LEVEL_TO_ARG[name]:
-        raise NotLowerable(f"timm {owner}: op {name} with its own function")
+        raise NotLowerable(f"timm {owner}: op {name} with its own function",
+                           "to compile it, use timm's own op functions")
     fill = op.kwargs.get("fillcolor", aa._FILL)
     fill = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(f) for f in fill]
     if len(fill) != 3:
-        raise NotLowerable(f"timm {owner}: fill {fill}")
+        raise NotLowerable(f"timm {owner}: fill {fill}", "to compile it, give an RGB fill (3 values) or one number")
     std = float(op.magnitude_std or 0.0)
     return dict(name=name, prob=float(op.prob), magnitude=float(op.magnitude), mstd=std,
                 upper=float(op.magnitude_max or _LEVEL_DENOM), fill=fill,
@@ -83,7 +87,8 @@ def describe(t) -> dict:
     if type(t) is aa.RandAugment:
         weights = None if t.choice_weights is None else [float(w) for w in t.choice_weights]
         if weights is not None and t.num_layers > 1:
-            raise NotLowerable("timm RandAugment: a weighted op choice over several layers (drawn without replacement)")
+            raise NotLowerable("timm RandAugment: a weighted op choice over several layers (drawn without replacement)",
+                               "to compile it, drop the weights (timm's default: a uniform choice)")
         ops = [_op_spec(op, "RandAugment") for op in t.ops]
         return dict(policy="timm_augment", mode="rand", ops=ops, layers=int(t.num_layers), weights=weights)
     if type(t) is aa.AutoAugment:
@@ -96,7 +101,8 @@ def describe(t) -> dict:
         layers = max(len(s) for s in table)
         table = [[s[j] if j < len(s) else len(ops) for s in table] for j in range(layers)]
         return dict(policy="timm_augment", mode="auto", ops=ops, layers=layers, table=table)
-    raise NotLowerable(f"{type(t).__name__}: no DALI lowering")
+    raise NotLowerable(f"{type(t).__name__}: no DALI lowering",
+                       "to compile it, use timm's RandAugment, AutoAugment or AugMixAugment from its factories")
 
 
 # --- graph time ------------------------------------------------------------------------------------

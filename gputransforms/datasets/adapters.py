@@ -84,12 +84,12 @@ def _from_rows(ds, paths, targets) -> FileSamples:
     compiled when the loader is PIL's RGB one (older torchvision datasets open files inline the same
     way) and no joint ``transforms`` was given."""
     if _compat.dataset_loader(ds) not in (default_loader, pil_loader):
-        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does "
-                            "(to compile it, leave loader= at its default)")
+        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does",
+                            "to compile it, leave loader= at its default")
     joint = getattr(ds, "transforms", None)
     if joint is not None and not isinstance(joint, StandardTransform):
-        raise NotCompilable(f"{type(ds).__name__} was given a joint `transforms` (image and target together); to "
-                            "compile the image chain, pass it as transform= and the target's as target_transform=")
+        raise NotCompilable(f"{type(ds).__name__} was given a joint `transforms` (image and target together)",
+                            "to compile the image chain, pass it as transform= and the target's as target_transform=")
     return FileSamples([os.fspath(p) for p in paths], list(targets), ds.transform,
                        None if ds.target_transform is None else [ds.target_transform] * len(paths))
 
@@ -104,7 +104,8 @@ def _one_or_tuple(parts: list):
 
 def _oxford_pet(ds) -> FileSamples:
     if "segmentation" in ds._target_types:
-        raise NotCompilable("OxfordIIITPet: target_type 'segmentation' is an image, which the graph does not carry")
+        raise NotCompilable("OxfordIIITPet: target_type 'segmentation' is an image, which the graph does not carry",
+                            "to compile it, use target_type 'category' or 'binary-category'")
     columns = {"category": ds._labels, "binary-category": getattr(ds, "_bin_labels", None)}
     return _from_rows(ds, ds._images,
                       [_one_or_tuple([columns[t][i] for t in ds._target_types]) for i in range(len(ds._images))])
@@ -117,7 +118,8 @@ def _celeba(ds) -> FileSamples:
                "bbox": lambda i: ds.bbox[i, :], "landmarks": lambda i: ds.landmarks_align[i, :]}
     unknown = [t for t in ds.target_type if t not in columns]
     if unknown:
-        raise NotCompilable(f"CelebA: target_type {unknown[0]!r}")
+        raise NotCompilable(f"CelebA: target_type {unknown[0]!r}",
+                            "to compile it, use target_type 'attr', 'identity', 'bbox' or 'landmarks'")
     n = len(ds.filename)
     targets = [_one_or_tuple([columns[t](i) for t in ds.target_type]) for i in range(n)]
     paths = [os.path.join(ds.root, ds.base_folder, "img_align_celeba", f) for f in ds.filename]
@@ -129,7 +131,8 @@ def _caltech101(ds) -> FileSamples:
     # Caltech opens its files with PIL.Image.open and no convert("RGB"): its few grayscale
     # JPEGs come out of the graph with 3 channels (torchvision's would have 1 and not batch)
     if "annotation" in ds.target_type:
-        raise NotCompilable("Caltech101: target_type 'annotation' is read from a .mat file per sample")
+        raise NotCompilable("Caltech101: target_type 'annotation' is read from a .mat file per sample",
+                            "to compile it, use target_type 'category'")
     paths = [os.path.join(ds.root, "101_ObjectCategories", ds.categories[y], f"image_{k:04d}.jpg")
              for y, k in zip(ds.y, ds.index)]
     return _from_rows(ds, paths, ds.y)
@@ -155,13 +158,14 @@ def _subset(ds: tud.Subset) -> FileSamples:
 def _concat(ds: tud.ConcatDataset) -> FileSamples:
     parts = [resolve(d) for d in ds.datasets]
     if not all(isinstance(p, FileSamples) for p in parts):
-        raise NotCompilable("ConcatDataset of video or in-memory datasets (compile each one)")
+        raise NotCompilable("ConcatDataset of video or in-memory datasets",
+                            "to compile them, give each dataset its own DataLoader")
     chain = parts[0].transform
     for k, p in enumerate(parts[1:], 1):
         if not same_chain(chain, p.transform):
             raise NotCompilable(f"ConcatDataset: part {k}'s transform differs from part 0's ({_short(p.transform)} vs "
-                                f"{_short(chain)}); one compiled graph serves one chain, so give the parts the same "
-                                "Compose object")
+                                f"{_short(chain)}); one compiled graph serves one chain",
+                                "to compile it, give the parts the same Compose object")
     with_tt = any(p.target_transforms is not None for p in parts)
     return FileSamples(
         [x for p in parts for x in p.paths], [x for p in parts for x in p.targets], chain,
@@ -212,8 +216,8 @@ def resolve(dataset) -> FileSamples:
             return samples
         break
     if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__getitem__"):
-        raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile (to compile it, give "
-                            "the files and targets to gputransforms.datasets.ImageList)")
+        raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile",
+                            "to compile it, give the files and targets to gputransforms.datasets.ImageList")
     paths, targets, chain = discover.discover(dataset)
     return FileSamples(paths, targets, chain, None,
                        f"found by running {name}.__getitem__ on a placeholder image for each of its "

@@ -39,6 +39,10 @@ _IN_MEMORY = ("its images are encoded bytes in memory, which the DataLoader comp
               "or write the bytes to files and use gputransforms.datasets.ImageList")
 
 
+_NOT_FILES = ("to compile it, give decoded images as a uint8 TensorDataset (N, C, H, W) or a torchvision in-memory "
+              "dataset (docs/in-memory.md), or files to gputransforms.datasets.ImageList")
+
+
 class _Undiscoverable(Exception):
     def __init__(self, reason: str, advice: str = _IMAGELIST):
         super().__init__(reason)
@@ -122,7 +126,7 @@ def discover(ds):
     try:
         n = len(ds)
     except TypeError:
-        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile ({_IMAGELIST})") from None
+        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile", _IMAGELIST) from None
     try:
         try:
             attr = transform_attribute(ds)
@@ -150,7 +154,7 @@ def discover(ds):
                 paths.append(_check(i, calls, recorder, out, attr))
                 targets.append(out[1])
     except _Undiscoverable as e:
-        raise NotCompilable(f"{name}.__getitem__ {e}; {e.advice}") from None
+        raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
     return paths, targets, chain
 
 
@@ -163,7 +167,7 @@ def _opens_a_file(ds):
         except Exception:  # noqa: BLE001 - a placeholder in its own transform; it did open a file
             pass
         if not calls:
-            raise _Undiscoverable("opens no image with PIL.Image.open (its samples are not image files)")
+            raise _Undiscoverable("opens no image with PIL.Image.open (its samples are not image files)", _NOT_FILES)
 
 
 def _check(i: int, calls: list, recorder: _Recorder, out, attr: str) -> str:

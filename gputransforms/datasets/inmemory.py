@@ -85,7 +85,8 @@ def _tensor_dataset(ds: tud.TensorDataset) -> ArraySamples:
 
     images = ds.tensors[0]
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] not in (1, 3):
-        raise NotCompilable("TensorDataset: its first tensor is not uint8 images (N, 1 or 3, H, W)")
+        raise NotCompilable("TensorDataset: its first tensor is not uint8 images (N, 1 or 3, H, W)",
+                            "to compile it, give the images as a uint8 tensor (N, C, H, W) first")
     return ArraySamples(images, [None] * len(images), None, pil=False, extra=list(ds.tensors[1:]),
                         origin="TensorDataset's first tensor as uint8 images (datasets/inmemory.py)")
 

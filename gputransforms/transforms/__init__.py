@@ -21,7 +21,7 @@ __all__ = sorted(set(getattr(_tv, "__all__", [n for n in dir(_tv) if n[:1].isupp
 class Compose(_TVCompose):
     __doc__ = _TVCompose.__doc__
 
-    def explain(self, device=None) -> str:
+    def explain(self, device: "str | None" = None) -> str:
         """How this chain is compiled: the DALI graph, its fusions, and what runs per sample."""
         from ..compiler import explain
 
