@@ -234,5 +234,10 @@ def decoded_by_pil(index: int, path: str) -> np.ndarray:
     return _as_array(_pil_to_bmp(_read_sample(index, path), index, path))
 
 
+def bytes_decoded_by_pil(index: int, path: str, data: bytes) -> np.ndarray:
+    """``decoded_by_pil`` for an encoded image already in memory (a tar member; ``path`` names it)."""
+    return _as_array(_pil_to_bmp(data, index, path))
+
+
 def _as_array(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)

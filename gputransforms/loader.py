@@ -125,7 +125,7 @@ class DataLoader(tud.DataLoader):
             hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling, video_decoder=video_decoder,
             num_threads=self.num_threads, num_workers=num_workers, prefetch_queue_depth=self.prefetch_queue_depth,
             collate=None if _is_default_collate(collate_fn) else collate_fn, batch_size=self.batch_size,
-            batch_sampler=batch_sampler, pin_memory=pin_memory, timeout=timeout), dataset)
+            batch_sampler=batch_sampler, pin_memory=pin_memory, timeout=timeout, drop_last=drop_last), dataset)
         fallback = self._backend.fallback()
         if fallback:
             warnings.warn(f"gputransforms: {fallback}; see DataLoader.explain()", FallbackWarning,

@@ -379,3 +379,28 @@ def make_video_folder(root, *, classes: int = 3, per_class: int = 3, frames=(20,
         for job in jobs:
             _write_video_job(job)
     return root
+
+
+def write_shards(folder, out, *, per_shard: int = 16, seed: Optional[int] = None) -> list:
+    """The class folder ``folder`` (``make_photo_folder``'s layout) as webdataset tar shards in ``out``:
+    ``shard-000000.tar``..., each sample ``{key}.jpg`` (the file's bytes, or ``.png``...) and ``{key}.cls``
+    (its class index, as text), in sorted order (``seed``: shuffled first). Returns the shard paths."""
+    import tarfile
+
+    folder, out = Path(folder), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    items = [(p, y) for y, c in enumerate(classes) for p in sorted((folder / c).iterdir()) if p.is_file()]
+    if seed is not None:
+        np.random.default_rng(seed).shuffle(items)
+    paths = []
+    for s in range(0, len(items), per_shard):
+        path = out / f"shard-{s // per_shard:06d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for k, (p, y) in enumerate(items[s:s + per_shard], s):
+                for name, data in ((f"{k:08d}{p.suffix.lower()}", p.read_bytes()), (f"{k:08d}.cls", str(y).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime = len(data), 0
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(str(path))
+    return paths

@@ -189,13 +189,30 @@ _REASONS = ("NotLowerable", "NotCompilable", "_Undiscoverable", "TorchWorkers")
 _ADVICE = ("to compile", "pip install", "pass num_workers=0", "put it last")
 
 
+def _constants(tree: ast.AST) -> dict:
+    """A module's top-level string constants (the advice texts it names)."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            if isinstance(value, str):
+                out[node.targets[0].id] = value
+    return out
+
+
 def fallback_reasons() -> list:
     """(file:line, reason, advice) of every place the package says why something runs as torchvision
     runs it: the two exceptions (reason, advice), discovery's, and the literal reasons of the torch
-    workers backend. A reason passed on (``str(e)``, a plan's tail reason) is listed where it is made."""
+    workers backend. A reason passed on (``str(e)``, a plan's tail reason) is listed where it is made;
+    advice named by a module constant is that constant's text."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        consts = _constants(tree)
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and ast.unparse(node.func) in _REASONS):
                 continue
             where = f"{path.relative_to(PACKAGE)}:{node.lineno}"
@@ -210,20 +227,18 @@ def fallback_reasons() -> list:
             reason = ast.unparse(args[0]) if args else ""
             advice = ast.unparse(args[1]) if len(args) > 1 else \
                 ("_IMAGELIST" if name == "_Undiscoverable" else "")  # discovery's default advice
-            found.append((where, reason, advice))
+            found.append((where, reason, consts.get(advice, advice)))
     return found
 
 
 def test_every_fallback_reason_gives_advice():
     """#33: a user told why something runs as torchvision runs it is told what would compile instead."""
     reasons = fallback_reasons()
-    assert len(reasons) >= 40  # the scan sees them (36 exceptions, discovery's, the workers' literals)
+    assert len(reasons) >= 60  # the scan sees them (exceptions, discovery's, the workers' literals)
     missing = [(w, r) for w, r, a in reasons if not a]
     assert not missing, missing
-    consts = {"_IMAGELIST": "to compile", "_IN_MEMORY": "gputransforms.compile", "_NOT_FILES": "to compile",
-              "e.advice": "to compile"}
     vague = [(w, a) for w, r, a in reasons
-             if not any(m in consts.get(a, a) for m in _ADVICE + ("gputransforms.compile",))]
+             if a != "e.advice" and not any(m in a for m in _ADVICE + ("gputransforms.compile",))]
     assert not vague, vague
 
 

@@ -11,7 +11,7 @@ module here and one line in ``_CHOOSERS``.
 """
 from __future__ import annotations
 
-from ..datasets.adapters import resolve
+from ..datasets.sources import resolve
 from ..device import dali_available
 from . import arrays, compiled
 from .base import Backend, EpochIterator, Sampling, Settings

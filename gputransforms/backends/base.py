@@ -38,6 +38,7 @@ class Settings:
     batch_sampler: Any
     pin_memory: bool = False
     timeout: float = 0
+    drop_last: bool = False
 
 
 def _accelerator() -> bool:

@@ -66,6 +66,10 @@ class CompiledGraph(Backend):
         self._max_batch_size: Optional[int] = None
 
     def iterator(self, sampling: Sampling, resume: Optional[state.Position]) -> EpochIterator:
+        order = getattr(self.files, "epoch_order", None)
+        if order is not None:  # samples that keep their own order (tar shards: the sampler is torch's endless one)
+            own = order(self.settings.batch_size, self.settings.drop_last, sampling.generator)
+            sampling = Sampling(own, sampling.generator, own.__len__, sampling.torch_iter)
         return CompiledIterator(self, sampling, resume)
 
     def explain(self) -> str:

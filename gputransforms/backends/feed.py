@@ -80,7 +80,7 @@ class EpochFeed:
         read = samples.reader(gpu=gpu, check_jpeg_scan=check_jpeg_scan)
         # samples DALI failed on earlier (``via_pil``): decoded by PIL, handed over losslessly
         self.read_one = read if not via_pil else \
-            (lambda i: files.decoded_by_pil(i, samples.paths[i]) if i in via_pil else read(i))
+            (lambda i: samples.decoded_by_pil(i) if i in via_pil else read(i))
         self.columns = samples.num_inputs(gpu)
         self.batches = batches
         self.pool = pool

@@ -70,6 +70,10 @@ class FileSamples:
         """What torchvision's transform receives for sample ``i`` (to find the sample DALI failed on)."""
         return pil_loader(self.paths[i])
 
+    def decoded_by_pil(self, i: int):
+        """Sample ``i`` decoded by PIL and handed to the graph losslessly (a file DALI failed on)."""
+        return files.decoded_by_pil(i, self.paths[i])
+
     def batch(self, images, labels, dev, indices) -> tuple:
         """What the loop yields for a batch, as torch's default_collate would build it."""
         return images, labels

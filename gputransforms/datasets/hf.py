@@ -1,0 +1,264 @@
+"""Hugging Face ``datasets`` tables with an ``Image()`` column, compiled: the encoded bytes (or the
+file a row names) come straight from Arrow to the graph, the other columns from the table.
+
+The shape (transformers' image-classification example): ``ds.with_transform(fn)`` or
+``ds.set_transform(fn)`` where ``fn`` applies one torchvision/timm transform to each image of the
+batch, after at most ``.convert("RGB")``, and puts the results under a key of its own, passing other
+columns through (renamed or dropped as it likes)::
+
+    def preprocess(batch):
+        batch["pixel_values"] = [train_tf(img.convert("RGB")) for img in batch["image"]]
+        return batch
+
+``fn`` is run once, on the first row with a placeholder image and a recorder in place of the
+transform it names, to see that shape; anything else stays on torch's DataLoader with the reason.
+Items handed to a ``collate_fn`` are what ``ds[i]`` gives, except that the image column, where ``fn``
+keeps it, is a PIL image opened but not decoded (PIL decodes it on first use), without the EXIF
+transpose ``datasets`` applies to a decoded one.
+"""
+from __future__ import annotations
+
+import io
+import sys
+import threading
+import types
+from typing import Any, Callable, Optional
+
+import numpy as np
+from PIL import ExifTags, Image, ImageOps
+from torch.utils.data import default_collate
+
+from .. import files
+from ..device import to_device
+from ..errors import NotCompilable
+from .adapters import FileSamples
+
+_ADVICE = ("to compile it, give the dataset ds.with_transform(fn) where fn sets batch[key] = "
+           "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
+_lock = threading.Lock()
+_SIZE = (29, 19)
+
+
+def is_hf_dataset(dataset) -> bool:
+    mod = sys.modules.get("datasets")
+    return mod is not None and isinstance(dataset, mod.Dataset)
+
+
+def _placeholder() -> Image.Image:
+    img = Image.new("RGB", _SIZE)
+    img.putdata([(x * 7 % 256, y * 11 % 256, (x * y) % 256) for y in range(_SIZE[1]) for x in range(_SIZE[0])])
+    return img
+
+
+_PLACEHOLDER = _placeholder()
+
+
+class _Recorder:
+    """Stands in for the transform: records what it is given, returns itself (a marker)."""
+
+    def __init__(self):
+        self.seen: list = []
+
+    def __call__(self, img):
+        self.seen.append(img)
+        return self
+
+
+def _is_transform(obj) -> bool:
+    mod = type(obj).__module__ or ""
+    return callable(obj) and not isinstance(obj, (type, types.FunctionType, types.ModuleType)) and \
+        mod.startswith(("torchvision.transforms", "timm.data", "gputransforms.transforms"))
+
+
+def _names(code) -> set:
+    """Global names a function's code (its comprehensions and nested functions too) looks up."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _names(c)
+    return names
+
+
+def _slots(fn) -> list:
+    """(get, set) of every place ``fn`` finds a transform: its globals by name, its closure cells."""
+    slots = []
+    g = getattr(fn, "__globals__", {})
+    for name in sorted(_names(fn.__code__)):
+        if name in g and _is_transform(g[name]):
+            slots.append((lambda n=name: g[n], lambda v, n=name: g.__setitem__(n, v)))
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if _is_transform(value):
+            slots.append((lambda c=cell: c.cell_contents, lambda v, c=cell: setattr(c, "cell_contents", v)))
+    return slots
+
+
+def _probe(fn, row: dict, column: str):
+    """(the transform fn applies, the key its results go under, {output key: input column}) from one
+    run of ``fn`` on ``row`` with a placeholder image; NotCompilable where fn is not of the shape."""
+    if not isinstance(fn, types.FunctionType):
+        raise NotCompilable(f"the dataset's format transform is a {type(fn).__name__}, not a function", _ADVICE)
+    slots = _slots(fn)
+    chains = {id(get()): get() for get, _ in slots}
+    if len(chains) != 1:
+        raise NotCompilable(f"the format transform {fn.__name__} names {len(chains)} torchvision/timm transforms "
+                            "(one is needed, applied to each image)", _ADVICE)
+    chain = next(iter(chains.values()))
+    recorder = _Recorder()
+    batch = {k: [v] for k, v in row.items()}
+    batch[column] = [_PLACEHOLDER.copy()]
+    inputs = {k: batch[k] for k in batch}
+    with _lock:
+        for _, put in slots:
+            put(recorder)
+        try:
+            out = fn(batch)
+        except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
+            raise NotCompilable(f"the format transform {fn.__name__} does something to the image before or after "
+                                f"its transform (on a placeholder: {type(e).__name__}: {e})", _ADVICE) from None
+        finally:
+            for _, put in slots:
+                put(chain)
+    seen = recorder.seen
+    if len(seen) != 1 or not isinstance(seen[0], Image.Image) or seen[0].size != _SIZE or seen[0].mode != "RGB" \
+            or seen[0].tobytes() != _PLACEHOLDER.tobytes():
+        raise NotCompilable(f"the format transform {fn.__name__} changes the image before its transform (only "
+                            ".convert('RGB') is compiled)", _ADVICE)
+    if not isinstance(out, dict):
+        raise NotCompilable(f"the format transform {fn.__name__} returns a {type(out).__name__}, not the batch", _ADVICE)
+    keys = [k for k, v in out.items() if isinstance(v, list) and len(v) == 1 and v[0] is recorder]
+    mapping = {}
+    for k, v in out.items():
+        if k in keys:
+            continue
+        source = next((c for c, col in inputs.items() if v is col), None)
+        if source is None:
+            raise NotCompilable(f"the format transform {fn.__name__} computes {k!r} from the row", _ADVICE)
+        mapping[k] = source
+    if len(keys) != 1:
+        raise NotCompilable(f"the format transform {fn.__name__} puts the transformed images under {len(keys)} keys",
+                            _ADVICE)
+    return chain, keys[0], mapping, list(out)
+
+
+def _oriented(data: bytes) -> Optional[np.ndarray]:
+    """A JPEG with an EXIF orientation, as ``datasets`` decodes it (exif_transpose), handed over
+    losslessly as BMP; None for every other file (the graph decodes it)."""
+    if data[:2] != b"\xff\xd8" or data.find(b"Exif\x00\x00", 0, 65536) < 0:
+        return None
+    img = Image.open(io.BytesIO(data))
+    if img.getexif().get(ExifTags.Base.Orientation) is None:
+        return None
+    buf = io.BytesIO()
+    ImageOps.exif_transpose(img).convert("RGB").save(buf, "BMP")
+    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
+
+
+class HFSamples(FileSamples):
+    """Rows of a ``datasets.Dataset``: the image column's bytes (or file) per row, the other columns
+    as Python values; items and batches are the format transform's dicts."""
+
+    def __init__(self, ds, column: str, chain, key: str, mapping: dict, order: list, rows: dict, origin: str):
+        n = len(ds)
+        super().__init__([f"row {i}" for i in range(n)], list(range(n)), chain, None, origin)
+        self.images = ds._data.column(column)
+        self.row_of = None if ds._indices is None else ds._indices.column(0)
+        self.column, self.key, self.mapping, self.order, self.rows = column, key, mapping, order, rows
+
+    def encoded(self, i: int) -> bytes:
+        r = i if self.row_of is None else self.row_of[i].as_py()
+        cell = self.images[r].as_py()
+        if cell.get("bytes") is not None:
+            return cell["bytes"]
+        path = cell.get("path")
+        if path:
+            self.paths[i] = f"row {i} ({path})"
+        try:
+            if path is None:
+                raise OSError("the row has neither bytes nor a path")
+            if "://" in path:
+                import fsspec
+
+                with fsspec.open(path, "rb") as f:
+                    return f.read()
+            return files.read_file(path)
+        except OSError as e:
+            raise files.BadSampleError(i, path or f"row {i}", f"cannot read it ({e})") from e
+
+    def reader(self, *, gpu: bool, check_jpeg_scan: bool) -> Callable[[int], Any]:
+        def read(i: int):
+            data = self.encoded(i)
+            oriented = _oriented(data)
+            return oriented if oriented is not None else \
+                files.prepare_bytes(i, self.paths[i], data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
+        return read
+
+    def decoded_by_pil(self, i: int):
+        data = self.encoded(i)
+        oriented = _oriented(data)
+        return oriented if oriented is not None else files.bytes_decoded_by_pil(i, self.paths[i], data)
+
+    def load(self, i: int):
+        try:
+            img = Image.open(io.BytesIO(self.encoded(i)))
+            img.load()
+            return ImageOps.exif_transpose(img).convert("RGB")
+        except (OSError, SyntaxError, ValueError) as e:
+            raise files.BadSampleError(i, self.paths[i], f"cannot be decoded ({type(e).__name__}: {e})") from e
+
+    def select(self, indices):
+        raise NotCompilable("a Hugging Face dataset inside a Subset or ConcatDataset",
+                            "to compile it, use ds.select(indices) or datasets.concatenate_datasets")
+
+    def _value(self, source: str, i: int):
+        if source == self.column:  # opened, not decoded: PIL decodes on first use
+            return Image.open(io.BytesIO(self.encoded(i)))
+        return self.rows[source][i]
+
+    def items(self, images, indices) -> list:
+        out = []
+        for image, i in zip(images, indices):
+            out.append({k: image if k == self.key else self._value(self.mapping[k], i) for k in self.order})
+        return out
+
+    def batch(self, images, labels, dev, indices) -> dict:
+        """The dict torch's default_collate makes of the items (which raises, as it does, where a kept
+        image column holds PIL images)."""
+        return {k: images if k == self.key else
+                to_device(default_collate([self._value(self.mapping[k], i) for i in indices]), dev)
+                for k in self.order}
+
+
+def resolve_hf(ds) -> HFSamples:
+    import datasets
+
+    name = type(ds).__name__
+    columns = [k for k, f in ds.features.items() if isinstance(f, datasets.Image)]
+    if len(columns) != 1:
+        raise NotCompilable(f"{name} has {len(columns)} Image() columns (one is compiled)",
+                            "to compile it, keep one image column (ds.select_columns)")
+    column = columns[0]
+    feature = ds.features[column]
+    if not feature.decode or feature.mode not in (None, "RGB"):
+        raise NotCompilable(f"{name}'s Image() column has decode={feature.decode}, mode={feature.mode!r}",
+                            "to compile it, use Image() (decode=True, mode None or 'RGB')")
+    fmt = ds.format
+    if fmt["type"] != "custom":
+        raise NotCompilable(f"{name} has format {fmt['type']!r}: its items are not transformed images", _ADVICE)
+    if fmt.get("output_all_columns"):
+        raise NotCompilable(f"{name}'s transform was set with output_all_columns=True",
+                            "to compile it, set the transform without output_all_columns")
+    wanted = fmt.get("columns") or list(ds.features)
+    plain = ds.with_format(None)
+    others = [c for c in wanted if c != column]
+    first = {c: v for c, v in plain.select_columns(others)[0].items()} if len(ds) else {}
+    first[column] = None
+    chain, key, mapping, order = _probe(fmt["format_kwargs"]["transform"], {c: first[c] for c in wanted}, column)
+    needed = sorted({s for s in mapping.values() if s != column})
+    rows = plain.select_columns(needed)[:] if needed else {}
+    return HFSamples(ds, column, chain, key, mapping, order, rows,
+                     f"{len(ds)} rows of a Hugging Face dataset: column {column!r}'s encoded images from Arrow, "
+                     f"items as {fmt['format_kwargs']['transform'].__name__} makes them (datasets/hf.py)")
