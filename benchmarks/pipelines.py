@@ -218,6 +218,97 @@ def run_gputransforms_userdataset(root, chain, batch_size, threads):
     return make
 
 
+# --- streamed data: webdataset shards and a Hugging Face table of the same photos ---------------------
+
+def shards_of(root: str, per_shard: int = 160) -> str:
+    """ROOT's photos as webdataset shards beside it (written once, shuffled: a shard holds every
+    class), as a brace pattern."""
+    import glob
+    import os
+
+    from gputransforms import sampledata
+
+    out = os.path.abspath(root).rstrip("/") + "-shards"
+    if not glob.glob(os.path.join(out, "shard-*.tar")):
+        sampledata.write_shards(root, out, per_shard=per_shard, seed=0)
+    n = len(glob.glob(os.path.join(out, "shard-*.tar")))
+    return os.path.join(out, f"shard-{{000000..{n - 1:06d}}}.tar")
+
+
+def _wds(root, tf, shuffle):
+    import webdataset as wds
+
+    ds = wds.WebDataset(shards_of(root), shardshuffle=100 if shuffle else False, empty_check=False)
+    return (ds.shuffle(1000) if shuffle else ds).decode("pil").to_tuple("jpg;png", "cls").map_tuple(tf, int)
+
+
+def run_torchvision_wds(root, chain, batch_size, workers):
+    """webdataset's own pipeline with torchvision's transforms on torch's DataLoader (split by worker)."""
+    import torchvision.transforms as T
+
+    dev = torch_device()
+    return lambda: Moved(torch.utils.data.DataLoader(
+        _wds(root, CHAINS[chain](T), chain != "eval"), batch_size=batch_size, num_workers=workers,
+        pin_memory=on_gpu(), persistent_workers=workers > 0, prefetch_factor=4 if workers else None), dev)
+
+
+def run_gputransforms_wds(root, chain, batch_size, threads):
+    from gputransforms import DataLoader
+    from gputransforms import transforms as T
+
+    return lambda: DataLoader(_wds(root, CHAINS[chain](T), chain != "eval"), batch_size=batch_size,
+                              num_workers=threads)
+
+
+def _hf(root, tf):
+    """ROOT as transformers' example loads it: load_dataset("imagefolder") and with_transform."""
+    import os
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # a local folder: no Hub lookups
+    import datasets
+
+    ds = datasets.load_dataset("imagefolder", data_dir=root, split="train")
+
+    def preprocess(batch):
+        batch["pixel_values"] = [tf(img.convert("RGB")) for img in batch["image"]]
+        return batch
+
+    return ds.with_transform(preprocess)
+
+
+def _hf_collate(examples):  # the example's collate_fn
+    return {"pixel_values": torch.stack([e["pixel_values"] for e in examples]),
+            "labels": torch.tensor([e["label"] for e in examples])}
+
+
+class Tupled:
+    """Dict batches as (pixel_values, labels) tuples on the device (what ``timed`` reads)."""
+
+    def __init__(self, dl, dev):
+        self.dl, self.dev = dl, dev
+
+    def __iter__(self):
+        for b in self.dl:
+            yield b["pixel_values"].to(self.dev, non_blocking=True), b["labels"].to(self.dev, non_blocking=True)
+
+
+def run_torchvision_hf(root, chain, batch_size, workers):
+    import torchvision.transforms as T
+
+    return lambda: Tupled(torch.utils.data.DataLoader(
+        _hf(root, CHAINS[chain](T)), batch_size=batch_size, shuffle=chain != "eval", num_workers=workers,
+        collate_fn=_hf_collate, pin_memory=on_gpu(), persistent_workers=workers > 0,
+        prefetch_factor=4 if workers else None), torch_device())
+
+
+def run_gputransforms_hf(root, chain, batch_size, threads):
+    from gputransforms import DataLoader
+    from gputransforms import transforms as T
+
+    return lambda: Tupled(DataLoader(_hf(root, CHAINS[chain](T)), batch_size=batch_size, shuffle=chain != "eval",
+                                     num_workers=threads, collate_fn=_hf_collate), torch_device())
+
+
 # --- report -------------------------------------------------------------------------------------
 
 PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwritten,
@@ -231,7 +322,10 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              "gputransforms-switch1ms": lambda *a: run_gputransforms(*a, switch_interval=0.001),
              # the same files as a multi-label list: ImageList vs a hand-written Dataset on torch's workers
              "torchvision-userdataset": run_torchvision_userdataset, "gputransforms-imagelist": run_gputransforms_imagelist,
-             "gputransforms-userdataset": run_gputransforms_userdataset}
+             "gputransforms-userdataset": run_gputransforms_userdataset,
+             # the same photos streamed: webdataset shards (written beside ROOT) and a Hugging Face table
+             "torchvision-wds": run_torchvision_wds, "gputransforms-wds": run_gputransforms_wds,
+             "torchvision-hf": run_torchvision_hf, "gputransforms-hf": run_gputransforms_hf}
 
 
 def pipeline(name: str):

@@ -27,6 +27,24 @@ def test_loader_benchmark_runs(indexed_folder, tmp_path):
     assert "gputransforms" in res.stdout and "img/s" in res.stdout
 
 
+def test_loader_benchmark_streamed_inputs_run(indexed_folder, tmp_path):
+    """webdataset shards and a Hugging Face table of the same photos, each on torch's loader and ours."""
+    pytest.importorskip("webdataset")
+    pytest.importorskip("datasets")
+    out = tmp_path / "bench"
+    names = ["torchvision-wds", "gputransforms-wds", "torchvision-hf", "gputransforms-hf"]
+    cmd = [sys.executable, "-m", "benchmarks.loader", str(indexed_folder), "--batch-size", "8", "--images", "16",
+           "--workers", "1", "--threads", "1", "--chains", "train", "--pipelines", ",".join(names), "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["pipeline"]: r for r in json.loads((out / "loader.json").read_text())["rows"]}
+    assert set(rows) == set(names)
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["shape"][1:] == [3, 224, 224]
+
+
 def test_train_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "train"
     cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", "mobilenet_v3_small", "--chains", "train",

@@ -144,10 +144,22 @@ def _probe(fn, row: dict, column: str):
     return chain, keys[0], mapping, list(out)
 
 
+def _has_exif(data: bytes) -> bool:
+    """Whether a JPEG has an APP1 Exif segment (walking the segments before the image data)."""
+    if data[:2] != b"\xff\xd8":
+        return False
+    at = 2
+    while at + 4 <= len(data) and data[at] == 0xFF and (0xE0 <= data[at + 1] <= 0xEF or data[at + 1] == 0xFE):
+        if data[at + 1] == 0xE1 and data[at + 4:at + 10] == b"Exif\x00\x00":
+            return True
+        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return False
+
+
 def _oriented(data: bytes) -> Optional[np.ndarray]:
     """A JPEG with an EXIF orientation, as ``datasets`` decodes it (exif_transpose), handed over
     losslessly as BMP; None for every other file (the graph decodes it)."""
-    if data[:2] != b"\xff\xd8" or data.find(b"Exif\x00\x00", 0, 65536) < 0:
+    if not _has_exif(data):
         return None
     img = Image.open(io.BytesIO(data))
     if img.getexif().get(ExifTags.Base.Orientation) is None:
@@ -163,19 +175,14 @@ class HFSamples(FileSamples):
 
     def __init__(self, ds, column: str, chain, key: str, mapping: dict, order: list, rows: dict, origin: str):
         n = len(ds)
-        super().__init__([f"row {i}" for i in range(n)], list(range(n)), chain, None, origin)
-        self.images = ds._data.column(column)
-        self.row_of = None if ds._indices is None else ds._indices.column(0)
+        self.cells = _Cells(ds, column)
+        super().__init__(_RowNames(self.cells, n), list(range(n)), chain, None, origin)
         self.column, self.key, self.mapping, self.order, self.rows = column, key, mapping, order, rows
 
     def encoded(self, i: int) -> bytes:
-        r = i if self.row_of is None else self.row_of[i].as_py()
-        cell = self.images[r].as_py()
-        if cell.get("bytes") is not None:
-            return cell["bytes"]
-        path = cell.get("path")
-        if path:
-            self.paths[i] = f"row {i} ({path})"
+        data, path = self.cells.get(i)
+        if data is not None:
+            return data
         try:
             if path is None:
                 raise OSError("the row has neither bytes nor a path")
@@ -230,6 +237,41 @@ class HFSamples(FileSamples):
         return {k: images if k == self.key else
                 to_device(default_collate([self._value(self.mapping[k], i) for i in indices]), dev)
                 for k in self.order}
+
+
+class _Cells:
+    """Row ``i``'s image cell (bytes, path) from the Arrow table, through the dataset's indices
+    mapping: one bisect over the chunks, two scalars (no copy of the column)."""
+
+    def __init__(self, ds, column: str):
+        import bisect
+
+        chunks = ds._data.column(column).chunks
+        self.bytes = [c.field("bytes") for c in chunks]
+        self.path = [c.field("path") for c in chunks]
+        self.starts = list(np.cumsum([0] + [len(c) for c in chunks])[:-1])
+        self.row_of = None if ds._indices is None else ds._indices.column(0).to_numpy()
+        self.bisect = bisect.bisect_right
+
+    def get(self, i: int):
+        r = i if self.row_of is None else int(self.row_of[i])
+        k = self.bisect(self.starts, r) - 1
+        j = r - self.starts[k]
+        return self.bytes[k][j].as_py(), self.path[k][j].as_py()
+
+
+class _RowNames:
+    """``paths`` of HFSamples: "row i (its file)", made when an error or explain() asks."""
+
+    def __init__(self, cells: _Cells, n: int):
+        self.cells, self.n = cells, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> str:
+        path = self.cells.get(i)[1]
+        return f"row {i} ({path})" if path else f"row {i}"
 
 
 def resolve_hf(ds) -> HFSamples:
