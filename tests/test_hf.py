@@ -92,7 +92,8 @@ def test_kept_image_column_reaches_the_collate_fn_and_default_collate_raises_as_
     batch = next(iter(DataLoader(ds, batch_size=4, collate_fn=collate, device="cpu")))
     assert list(seen[0]) == ["image", "label", "pixel_values"]
     ref = ds[0]
-    assert seen[0]["image"].size == ref["image"].size and seen[0]["label"] == ref["label"]
+    assert isinstance(seen[0]["image"], Image.Image) and seen[0]["label"] == ref["label"]
+    assert seen[0]["image"].size == ref["image"].size and seen[0]["image"].tobytes() == ref["image"].tobytes()
     assert batch["pixel_values"].shape == (4, 3, 64, 64)
     with pytest.raises(TypeError, match="default_collate") as ours:
         next(iter(DataLoader(ds, batch_size=4, device="cpu")))

@@ -265,6 +265,9 @@ class ProcessEpochFeed(EpochFeed):
                 items = [first] + [next(self.it) for _ in range(len(self.decoders.flat.pulled.popleft()) - 1)]
             except RuntimeError as e:  # a worker died (torch names it and its signal): raised as it is
                 self.error, self.stopped = e, True
+                # the others end now, and torch's SIGCHLD handler forgets them (else a later child's
+                # exit raises this again wherever the process is); the next epoch starts new ones
+                _stop_workers(self.decoders.dl)
                 raise StopIteration from None
             kept, data = [], []
             for i, item, err in items:

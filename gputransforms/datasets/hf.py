@@ -13,8 +13,7 @@ columns through (renamed or dropped as it likes)::
 ``fn`` is run once, on the first row with a placeholder image and a recorder in place of the
 transform it names, to see that shape; anything else stays on torch's DataLoader with the reason.
 Items handed to a ``collate_fn`` are what ``ds[i]`` gives, except that the image column, where ``fn``
-keeps it, is a PIL image opened but not decoded (PIL decodes it on first use), without the EXIF
-transpose ``datasets`` applies to a decoded one.
+keeps it, is a ``LazyImage``: the row's image as ``datasets`` decodes it, read and decoded on first use.
 """
 from __future__ import annotations
 
@@ -220,9 +219,15 @@ class HFSamples(FileSamples):
         raise NotCompilable("a Hugging Face dataset inside a Subset or ConcatDataset",
                             "to compile it, use ds.select(indices) or datasets.concatenate_datasets")
 
-    def _value(self, source: str, i: int):
-        if source == self.column:  # opened, not decoded: PIL decodes on first use
-            return Image.open(io.BytesIO(self.encoded(i)))
+    def decoded(self, i: int) -> Image.Image:
+        """Row ``i``'s image as ``datasets`` decodes it: opened, loaded, EXIF-transposed."""
+        img = Image.open(io.BytesIO(self.encoded(i)))
+        img.load()
+        return ImageOps.exif_transpose(img) if img.getexif().get(ExifTags.Base.Orientation) is not None else img
+
+    def _value(self, source: str, i: int, lazy: bool = True):
+        if source == self.column:  # the image column kept by the format transform
+            return LazyImage(lambda: self.decoded(i)) if lazy else self.decoded(i)
         return self.rows[source][i]
 
     def items(self, images, indices) -> list:
@@ -235,8 +240,38 @@ class HFSamples(FileSamples):
         """The dict torch's default_collate makes of the items (which raises, as it does, where a kept
         image column holds PIL images)."""
         return {k: images if k == self.key else
-                to_device(default_collate([self._value(self.mapping[k], i) for i in indices]), dev)
+                to_device(default_collate([self._value(self.mapping[k], i, lazy=False) for i in indices]), dev)
                 for k in self.order}
+
+
+class LazyImage:
+    """The image column's value in the items a ``collate_fn`` receives, where the format transform
+    keeps that column: the row's image as ``datasets`` decodes it, read and decoded on first use (the
+    example's collate_fn never uses it, and reading every file a second time in the main thread
+    halved the loader's speed). Attributes and ``isinstance(x, PIL.Image.Image)`` reach the image."""
+
+    __slots__ = ("_make", "_image")
+
+    def __init__(self, make: Callable[[], Image.Image]):
+        object.__setattr__(self, "_make", make)
+        object.__setattr__(self, "_image", None)
+
+    def _get(self) -> Image.Image:
+        img = object.__getattribute__(self, "_image")
+        if img is None:
+            img = object.__getattribute__(self, "_make")()
+            object.__setattr__(self, "_image", img)
+        return img
+
+    @property
+    def __class__(self):  # isinstance() sees the image's class
+        return type(self._get())
+
+    def __getattr__(self, name: str):
+        return getattr(self._get(), name)
+
+    def __repr__(self) -> str:
+        return repr(self._get())
 
 
 class _Cells:
