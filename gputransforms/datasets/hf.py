@@ -179,9 +179,13 @@ class HFSamples(FileSamples):
         self.column, self.key, self.mapping, self.order, self.rows = column, key, mapping, order, rows
 
     def encoded(self, i: int) -> bytes:
+        return self._encoded(i)[0]
+
+    def _encoded(self, i: int) -> tuple:
+        """(the encoded image, its name for errors) of row ``i``."""
         data, path = self.cells.get(i)
         if data is not None:
-            return data
+            return data, f"row {i}"
         try:
             if path is None:
                 raise OSError("the row has neither bytes nor a path")
@@ -189,23 +193,23 @@ class HFSamples(FileSamples):
                 import fsspec
 
                 with fsspec.open(path, "rb") as f:
-                    return f.read()
-            return files.read_file(path)
+                    return f.read(), f"row {i} ({path})"
+            return files.read_file(path), f"row {i} ({path})"
         except OSError as e:
             raise files.BadSampleError(i, path or f"row {i}", f"cannot read it ({e})") from e
 
     def reader(self, *, gpu: bool, check_jpeg_scan: bool) -> Callable[[int], Any]:
         def read(i: int):
-            data = self.encoded(i)
+            data, name = self._encoded(i)
             oriented = _oriented(data)
             return oriented if oriented is not None else \
-                files.prepare_bytes(i, self.paths[i], data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
+                files.prepare_bytes(i, name, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
         return read
 
     def decoded_by_pil(self, i: int):
-        data = self.encoded(i)
+        data, name = self._encoded(i)
         oriented = _oriented(data)
-        return oriented if oriented is not None else files.bytes_decoded_by_pil(i, self.paths[i], data)
+        return oriented if oriented is not None else files.bytes_decoded_by_pil(i, name, data)
 
     def load(self, i: int):
         try:
@@ -274,25 +278,43 @@ class LazyImage:
         return repr(self._get())
 
 
+class _Chunk:
+    """One Arrow chunk of the image column, read without pyarrow scalars (the reader threads hold
+    the GIL while they look a row up): the bytes child's offsets and data buffer, its nulls, and
+    the paths as Python strings."""
+
+    def __init__(self, chunk):
+        import pyarrow as pa
+
+        data = chunk.field("bytes")
+        wide = pa.types.is_large_binary(data.type)
+        offsets = np.frombuffer(data.buffers()[1], dtype=np.int64 if wide else np.int32)
+        self.offsets = offsets[data.offset:data.offset + len(data) + 1].astype(np.int64)
+        self.data = memoryview(data.buffers()[2]) if data.buffers()[2] is not None else memoryview(b"")
+        self.has_bytes = ~data.is_null().to_numpy(zero_copy_only=False)
+        self.paths = chunk.field("path").to_pylist()
+
+    def get(self, j: int):
+        data = bytes(self.data[self.offsets[j]:self.offsets[j + 1]]) if self.has_bytes[j] else None
+        return data, self.paths[j]
+
+
 class _Cells:
     """Row ``i``'s image cell (bytes, path) from the Arrow table, through the dataset's indices
-    mapping: one bisect over the chunks, two scalars (no copy of the column)."""
+    mapping: one bisect over the chunks, then two array lookups (the bytes are not copied ahead)."""
 
     def __init__(self, ds, column: str):
         import bisect
 
-        chunks = ds._data.column(column).chunks
-        self.bytes = [c.field("bytes") for c in chunks]
-        self.path = [c.field("path") for c in chunks]
-        self.starts = list(np.cumsum([0] + [len(c) for c in chunks])[:-1])
+        self.chunks = [_Chunk(c) for c in ds._data.column(column).chunks]
+        self.starts = [int(s) for s in np.cumsum([0] + [len(c.paths) for c in self.chunks])[:-1]]
         self.row_of = None if ds._indices is None else ds._indices.column(0).to_numpy()
         self.bisect = bisect.bisect_right
 
     def get(self, i: int):
         r = i if self.row_of is None else int(self.row_of[i])
         k = self.bisect(self.starts, r) - 1
-        j = r - self.starts[k]
-        return self.bytes[k][j].as_py(), self.path[k][j].as_py()
+        return self.chunks[k].get(r - self.starts[k])
 
 
 class _RowNames:
