@@ -230,7 +230,15 @@ class ProcessDecoders:
         self.flat.pulled.clear()
         if self.dl._iterator is None:  # workers are forked now: garbage (a dropped pipeline) goes first
             gc.collect()
-        return iter(self.dl)  # a persistent iterator resets: outstanding work of a left epoch is dropped
+        it = iter(self.dl)  # a persistent iterator resets: outstanding work of a left epoch is dropped
+        if getattr(it, "_worker_pids_set", False):
+            # torch's SIGCHLD handler would raise a dead worker's error in whatever Python code the main
+            # thread runs next (DALI's, ours, a test runner's), and again at every later child's exit while
+            # the iterator lives. Unregistered, the death is found by the iterator itself (its 5 s status
+            # check) inside next(), where ProcessEpochFeed names it and ends the epoch.
+            torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+        return it
 
 
 class ProcessEpochFeed(EpochFeed):
