@@ -22,8 +22,8 @@ widen_cuda_connections()  # before anything can start CUDA in this process: devi
 
 from . import datasets, transforms  # noqa: E402
 from .compiler import explain, plan  # noqa: E402
-from .errors import (BadSampleError, DamagedFileWarning, FallbackWarning, SkippedSamplesWarning,  # noqa: E402
-                     UnshardedWarning)
+from .errors import (BadSampleError, DamagedFileWarning, FallbackWarning, LateImportWarning,  # noqa: E402
+                     SkippedSamplesWarning, UnshardedWarning)
 from .inference import CompiledTransform, compile  # noqa: E402,A004 - gputransforms.compile, as the issue names it
 from .loader import DataLoader  # noqa: E402
 
@@ -31,5 +31,5 @@ from ._version import __version__  # noqa: E402
 
 # (``compile`` is gputransforms.compile, but not in __all__: ``from gputransforms import *`` must not
 # shadow Python's builtin)
-__all__ = ["BadSampleError", "CompiledTransform", "DamagedFileWarning", "DataLoader", "FallbackWarning", "SkippedSamplesWarning",
-           "UnshardedWarning", "datasets", "explain", "plan", "transforms"]
+__all__ = ["BadSampleError", "CompiledTransform", "DamagedFileWarning", "DataLoader", "FallbackWarning",
+           "LateImportWarning", "SkippedSamplesWarning", "UnshardedWarning", "datasets", "explain", "plan", "transforms"]

@@ -22,7 +22,7 @@ def widen_cuda_connections() -> None:
     The driver maps every stream of a process onto ``CUDA_DEVICE_MAX_CONNECTIONS`` queues; DALI and
     nvJPEG create ~90 streams, so with 8 many of them share a queue with the training loop's stream
     and their kernels wait behind the model's. Measured on an H100 beside a ResNet-18 step (medians of
-    29 runs): hand-written DALI +6%, gputransforms +11% (docs/performance-notes.md, "Training end to end"). The variable
+    29 runs): hand-written DALI +6%, gputransforms +11% (docs/performance-notes.md). The variable
     is read when CUDA starts in the process, so it must be set before; CUDA started by a library other
     than torch is not seen here."""
     global _connections_note
@@ -40,6 +40,22 @@ def widen_cuda_connections() -> None:
 def cuda_connections_note() -> str:
     """What ``widen_cuda_connections`` found and did, for ``DataLoader.explain()``."""
     return _connections_note
+
+
+_late_warned = [False]
+
+
+def late_import_warning(device: str) -> Optional[str]:
+    """The one-time warning for a GPU loader in a process where CUDA started before ``import
+    gputransforms`` (a notebook, a framework that builds the model first): the driver's 8 queues are
+    then fixed for the process. None when that is not the case, or it was said already."""
+    if device != "gpu" or _late_warned[0] or not _connections_note.startswith(f"{_CONNECTIONS_VAR} unset"):
+        return None
+    _late_warned[0] = True
+    return ("gputransforms: CUDA started before gputransforms was imported, so DALI's decoding shares the "
+            "driver's 8 hardware queues with your model: measured on an H100 (ResNet-18, a plain training "
+            "script), 9,125 img/s instead of 10,873 (-16%). Import gputransforms before anything that starts "
+            f"CUDA, or launch with {_CONNECTIONS_VAR}={CUDA_CONNECTIONS} in the environment")
 
 
 def dali_available() -> bool:

@@ -48,6 +48,11 @@ class SkippedSamplesWarning(UserWarning):
     """With on_error="skip", samples whose files could not be loaded were left out of an epoch."""
 
 
+class LateImportWarning(UserWarning):
+    """A GPU loader in a process where CUDA started before ``import gputransforms``: its decoding shares
+    the driver's default 8 hardware queues with the model (said once, with the measured cost and the fix)."""
+
+
 class UnshardedWarning(UserWarning):
     """torch.distributed runs several ranks but the loader's sampler is not distributed."""
 

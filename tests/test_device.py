@@ -1,9 +1,11 @@
 """device.widen_cuda_connections: gputransforms asks CUDA for 32 hardware work queues, so that DALI's
 streams share fewer of them with the training loop's (its effect is measured by benchmarks/train.py,
-docs/performance-notes.md, "Training end to end")."""
+docs/performance-notes.md)."""
 import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 from gputransforms import device
@@ -34,3 +36,38 @@ def test_too_late_is_said_not_done(monkeypatch):
     device.widen_cuda_connections()
     assert VAR not in os.environ
     assert "CUDA started before gputransforms was imported" in device.cuda_connections_note()
+
+
+def test_a_late_import_warns_once_for_a_gpu_loader(monkeypatch):
+    """#35: CUDA started before the import: the first GPU loader says what it costs and the fix, once;
+    a CPU loader, or a process that imported in time, is not told."""
+    monkeypatch.setattr(device, "_late_warned", [False])
+    assert device.late_import_warning("gpu") is None  # this process imported in time
+    monkeypatch.delenv(VAR, raising=False)
+    monkeypatch.setattr(device, "_connections_note", device._connections_note)
+    monkeypatch.setattr(device.torch.cuda, "is_initialized", lambda: True)
+    device.widen_cuda_connections()
+    assert device.late_import_warning("cpu") is None
+    text = device.late_import_warning("gpu")
+    assert "-16%" in text and f"{VAR}=32" in text and "Import gputransforms before" in text
+    assert device.late_import_warning("gpu") is None  # once per process
+
+
+_LATE = """
+import warnings, torch
+torch.zeros(1, device="cuda")  # CUDA starts first, as when a framework builds the model before the loader
+import gputransforms
+from gputransforms import datasets, transforms as T
+ds = datasets.ImageFolder(ROOT, transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    gputransforms.DataLoader(ds, batch_size=4, device="gpu")
+    gputransforms.DataLoader(ds, batch_size=4, device="gpu")
+late = [x for x in w if x.category is gputransforms.LateImportWarning]
+print(len(late), "CUDA_DEVICE_MAX_CONNECTIONS unset" in gputransforms.DataLoader(ds, batch_size=4).explain())
+"""
+
+
+@pytest.mark.gpu
+def test_late_import_warning_reaches_the_user(indexed_folder):
+    assert _python(_LATE.replace("ROOT", repr(str(indexed_folder)))) == "1 True"

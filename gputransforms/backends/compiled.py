@@ -22,8 +22,9 @@ from ..compiler.chain import TO_TENSOR
 from ..compiler.plan import plan as make_plan
 from ..compiler.stages import after_graph
 from ..datasets.adapters import FileSamples
-from ..device import cuda_connections_note, to_device, torch_device
-from ..errors import BadSampleError, DamagedFileWarning, NotCompilable, SkippedSamplesWarning
+from ..device import cuda_connections_note, late_import_warning, to_device, torch_device
+from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotCompilable, SkippedSamplesWarning, \
+    user_stacklevel
 from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads
 from .workers import TorchWorkers
@@ -50,6 +51,9 @@ def choose(settings: Settings, dataset, resolve) -> Backend:
         return TorchWorkers(settings, f"{names} need(s) PIL images; per sample they run faster in torch's "
                                       f"{settings.num_workers} worker processes than in the main thread after "
                                       "the DALI graph (pass num_workers=0 to keep the graph)", p, samples.origin)
+    late = late_import_warning(settings.device)
+    if late:
+        warnings.warn(late, LateImportWarning, stacklevel=user_stacklevel())
     return CompiledGraph(settings, samples, p)
 
 
