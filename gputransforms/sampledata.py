@@ -404,3 +404,53 @@ def write_shards(folder, out, *, per_shard: int = 16, seed: Optional[int] = None
                     tar.addfile(info, io.BytesIO(data))
         paths.append(str(path))
     return paths
+
+
+def write_coco(folder, out, *, seed: int = 0, max_boxes: int = 6, empty_every: int = 7) -> tuple:
+    """The photos of ``folder`` (any depth) as a COCO detection layout in ``out``: ``images/`` and
+    ``annotations.json`` with 1..``max_boxes`` objects per image (a box, a polygon inside it, a category
+    of 1..5, its area), every ``empty_every``-th image without annotations, and one crowd object per
+    image given as an uncompressed RLE. Returns (images dir, annotation file)."""
+    import json
+    import shutil
+
+    folder, out = Path(folder), Path(out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    images, anns = [], []
+    for k, src in enumerate(sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))):
+        name = f"{k:06d}{src.suffix.lower()}"
+        shutil.copy(src, out / "images" / name)
+        with Image.open(src) as img:
+            w, h = img.size
+        images.append({"id": k + 1, "file_name": name, "width": w, "height": h})
+        if k % empty_every == empty_every - 1:
+            continue
+        for _ in range(int(rng.integers(1, max_boxes + 1))):
+            bw, bh = float(rng.uniform(8, w / 2)), float(rng.uniform(8, h / 2))
+            x, y = float(rng.uniform(0, w - bw)), float(rng.uniform(0, h - bh))
+            cx, cy = x + bw / 2, y + bh / 2
+            angles = np.sort(rng.uniform(0, 2 * np.pi, int(rng.integers(4, 9))))
+            poly = [v for a in angles for v in (cx + np.cos(a) * bw / 2, cy + np.sin(a) * bh / 2)]
+            anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": int(rng.integers(1, 6)),
+                         "bbox": [x, y, bw, bh], "area": bw * bh, "iscrowd": 0,
+                         "segmentation": [[round(float(v), 2) for v in poly]]})
+        # a crowd region: rows y0..y1 of columns x0..x1, as column-major run lengths
+        x0, x1 = sorted(int(v) for v in rng.integers(0, w, 2))
+        y0, y1 = sorted(int(v) for v in rng.integers(0, h, 2))
+        mask = np.zeros((h, w), dtype=np.uint8)
+        mask[y0:y1 + 1, x0:x1 + 1] = 1
+        flat, counts, run, val = mask.flatten(order="F"), [], 0, 0
+        for v in flat:
+            if v != val:
+                counts.append(run)
+                run, val = 0, v
+            run += 1
+        counts.append(run)
+        anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": 1, "iscrowd": 1,
+                     "bbox": [x0, y0, x1 - x0 + 1, y1 - y0 + 1], "area": float(mask.sum()),
+                     "segmentation": {"counts": counts, "size": [h, w]}})
+    ann_file = out / "annotations.json"
+    ann_file.write_text(json.dumps({"images": images, "annotations": anns,
+                                    "categories": [{"id": c, "name": f"c{c}"} for c in range(1, 6)]}))
+    return out / "images", ann_file

@@ -97,3 +97,46 @@ PUBLISHED = {
     "mobilenet_v3_large": (224, 256, 224, "bilinear", "imagenet", 0.2, 0.0, 0.0, 0),
     "convnext_tiny": (176, 232, 224, "bilinear", "ta_wide", 0.1, 0.2, 1.0, 4),
 }
+
+
+class DetectionPresetTrain:
+    """references/detection/presets.py with ``use_v2=True`` (the v2 spelling the reference runs with
+    ``--use-v2``): hflip, multiscale, ssd, ssdlite. (``lsj`` uses the reference's own v1
+    FixedSizeCrop, which it notes does not work on tensors.)"""
+
+    def __init__(self, *, data_augmentation, hflip_prob=0.5, mean=(123.0, 117.0, 104.0), backend="pil"):
+        from collections import defaultdict
+
+        from torchvision import tv_tensors
+        from torchvision.transforms import v2 as T
+
+        transforms = []
+        if backend == "tv_tensor":
+            transforms.append(T.ToImage())
+        elif backend == "tensor":
+            transforms.append(T.PILToTensor())
+        if data_augmentation == "hflip":
+            transforms += [T.RandomHorizontalFlip(p=hflip_prob)]
+        elif data_augmentation == "multiscale":
+            transforms += [T.RandomShortestSize(min_size=(480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800),
+                                                max_size=1333), T.RandomHorizontalFlip(p=hflip_prob)]
+        elif data_augmentation == "ssd":
+            fill = defaultdict(lambda: mean, {tv_tensors.Mask: 0})
+            transforms += [T.RandomPhotometricDistort(), T.RandomZoomOut(fill=fill), T.RandomIoUCrop(),
+                           T.RandomHorizontalFlip(p=hflip_prob)]
+        elif data_augmentation == "ssdlite":
+            transforms += [T.RandomIoUCrop(), T.RandomHorizontalFlip(p=hflip_prob)]
+        else:
+            raise ValueError(data_augmentation)
+        if backend == "pil":
+            transforms += [T.ToImage()]
+        transforms += [T.ToDtype(torch.float, scale=True), T.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
+                       T.SanitizeBoundingBoxes(), T.ToPureTensor()]
+        self.transforms = T.Compose(transforms)
+
+    def __call__(self, img, target):
+        return self.transforms(img, target)
+
+
+def detection_collate(batch):  # references/detection/utils.py collate_fn
+    return tuple(zip(*batch))

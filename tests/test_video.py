@@ -365,6 +365,33 @@ def test_a_dead_decoder_process_is_named(kinetics_root, device):
     loader.close()
 
 
+def test_timeout_names_the_clip_whose_decode_stalled(kinetics_root, tmp_path):
+    """timeout= reaches the decoder processes: a clip whose file blocks (a FIFO, as a stuck mount)
+    ends the epoch with torch's "timed out" error naming the samples of its batch."""
+    import os
+    import time
+
+    root = tmp_path / "k"
+    shutil.copytree(kinetics_root, root)
+    ds = datasets.Kinetics(root, frames_per_clip=4, step_between_clips=2)
+    victim = ds.video_clips.video_paths[1]
+    os.unlink(victim)
+    os.mkfifo(victim)  # after the scan: only the decode blocks
+    loader = DataLoader(ds, batch_size=2, num_workers=2, timeout=3, device="cpu")
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"timed out after 3 seconds.*did not return") as info:
+            for _ in loader:
+                pass
+        assert os.path.basename(victim) in str(info.value) and time.monotonic() - start < 60
+    finally:
+        loader.close()  # the blocked worker is terminated
+        try:
+            os.close(os.open(victim, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+
 def test_bad_video_at_scan_named(kinetics_root, tmp_path):
     root = tmp_path / "k"
     shutil.copytree(kinetics_root, root)

@@ -90,7 +90,7 @@ class CompiledGraph(Backend):
     def fallback(self) -> Optional[str]:
         slow = [type(t).__name__ for t, _, stage in self.stages if stage in ("per sample", "pil")]
         if not slow:
-            return None
+            return self.files.per_sample_note()
         why = "a callable before ToTensor expects a PIL image" if self.plan.tail_mode == "pil" else \
             "no DALI or batched lowering"
         return (f"{', '.join(slow)} run(s) per sample with torchvision after the DALI graph ({why}; the graph ends "
@@ -143,7 +143,7 @@ class CompiledGraph(Backend):
         if first.op == "video_decode" and first.args["decoder"] == "pyav":
             if slot.decoders is None:
                 slot.decoders = ProcessDecoders(self.files, s.num_threads, lookahead=s.prefetch_queue_depth + 2,
-                                                planes=first.args["frames"] == "yuv420")
+                                                planes=first.args["frames"] == "yuv420", timeout=s.timeout)
             return ProcessEpochFeed(slot.decoders, batches, skip=s.on_error == "skip", skipped=skipped)
         return EpochFeed(self.files, batches, self.pool, lookahead=s.prefetch_queue_depth + 2,
                          skip=s.on_error == "skip", gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,

@@ -213,7 +213,7 @@ class ProcessDecoders:
     """Worker processes that decode samples, kept across epochs (torch's persistent workers: no
     start-up per epoch). One per pipeline slot, so each live iterator has its own."""
 
-    def __init__(self, samples, workers: int, lookahead: int, planes: bool = False):
+    def __init__(self, samples, workers: int, lookahead: int, planes: bool = False, timeout: float = 0):
         self.flat = _Flat()
         # planes: clips as the decoder gives them (video.read_planes), converted to RGB in the graph
         read = samples.reader(gpu=False, check_jpeg_scan=False, planes=True) if planes else \
@@ -221,8 +221,9 @@ class ProcessDecoders:
         self.dl = tud.DataLoader(_Decoded(read), batch_size=None,
                                  sampler=self.flat, num_workers=workers, collate_fn=_identity,
                                  prefetch_factor=max(2, lookahead), persistent_workers=True,
-                                 worker_init_fn=_inherit_without_collecting)
+                                 worker_init_fn=_inherit_without_collecting, timeout=timeout)
         # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)
+        self.paths = samples.paths
         self.close = weakref.finalize(self, _stop_workers, self.dl)
 
     def epoch(self, batches):
@@ -264,14 +265,19 @@ class ProcessEpochFeed(EpochFeed):
         while True:
             if self.stopped:
                 raise StopIteration
+            pulled, batch = self.decoders.flat.pulled, None
             try:
                 first = next(self.it, None)
                 if first is None:
                     self.stopped = True
                     raise StopIteration
-                # the sampler has handed out this batch's first index, so the batch is recorded
-                items = [first] + [next(self.it) for _ in range(len(self.decoders.flat.pulled.popleft()) - 1)]
-            except RuntimeError as e:  # a worker died (torch names it and its signal): raised as it is
+                batch = pulled.popleft()  # the sampler has handed out its first index, so it is recorded
+                items = [first] + [next(self.it) for _ in range(len(batch) - 1)]
+            except RuntimeError as e:  # a worker died (torch names it), or timeout= passed: raised as it is
+                batch = batch or (pulled[0] if pulled else None)
+                if "timed out" in str(e) and batch:
+                    names = ", ".join(f"{i} ({self.decoders.paths[i]})" for i in batch[:4])
+                    e = RuntimeError(f"gputransforms: {e}: the decode of one of samples {names} did not return")
                 self.error, self.stopped = e, True
                 # the others end now, and torch's SIGCHLD handler forgets them (else a later child's
                 # exit raises this again wherever the process is); the next epoch starts new ones

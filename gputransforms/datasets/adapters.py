@@ -82,6 +82,11 @@ class FileSamples:
         """What a user's collate_fn receives: dataset[i] for each index, images already transformed."""
         return list(zip(images, [self.target(i) for i in indices]))
 
+    def per_sample_note(self) -> Optional[str]:
+        """What of the dataset's own transform runs per sample after the graph (for the FallbackWarning),
+        or None."""
+        return None
+
 
 def _from_rows(ds, paths, targets) -> FileSamples:
     """What most datasets are: ``transform(loader(paths[i]))`` and ``target_transform(targets[i])``,

@@ -1,22 +1,30 @@
 """Which samples a dataset stands for: the first source, in ``SOURCES``' order, that claims the dataset
-answers (webdataset pipelines: ``shards``; Hugging Face tables: ``hf``; everything else: ``adapters.resolve``, the table of torchvision's
+answers (webdataset pipelines: ``shards``; Hugging Face tables: ``hf``; torchvision v2's wrapped CocoDetection:
+``detection``; everything else: ``adapters.resolve``, the table of torchvision's
 datasets and the discovery of a user's own). A new kind of source is a new module and one line here."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import adapters, hf, shards
+import torch.utils.data as tud
+
+from . import adapters, detection, hf, shards
 
 #: (claims the dataset?, its samples) in order; the last one takes every dataset
 SOURCES: tuple[tuple[Callable[[Any], bool], Callable[[Any], Any]], ...] = (
     (shards.is_webdataset, shards.resolve_webdataset),
     (hf.is_hf_dataset, hf.resolve_hf),
+    (detection.is_detection, detection.resolve_detection),
     (lambda ds: True, adapters.resolve),
 )
 
 
 def resolve(dataset):
-    """The samples ``dataset`` stands for (``adapters.FileSamples`` or a kind of it), or NotCompilable."""
+    """The samples ``dataset`` stands for (``adapters.FileSamples`` or a kind of it), or NotCompilable.
+    A ``Subset`` of a source's dataset is that source's samples, selected (torchvision's detection
+    reference drops the images without annotations so)."""
+    if isinstance(dataset, tud.Subset) and any(claims(dataset.dataset) for claims, _ in SOURCES[:-1]):
+        return resolve(dataset.dataset).select(dataset.indices)
     for claims, samples in SOURCES:
         if claims(dataset):
             return samples(dataset)

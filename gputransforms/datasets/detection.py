@@ -1,0 +1,135 @@
+"""Detection datasets of torchvision v2: ``wrap_dataset_for_transforms_v2(CocoDetection(...))``, as
+torchvision's detection reference builds it (``Subset``s of it too). The graph decodes each image
+(nvJPEG on the GPU) to a uint8 CHW tensor on the device; the target is torchvision's own (its
+wrapper's boxes, labels, masks, ... from the annotations, with the canvas size read from the file's
+header); the joint transform then runs per sample, as written, with torchvision's kernels: image on
+the device, target on the CPU, so boxes and masks follow the pixels exactly as they do in torchvision.
+
+Compiled when the joint transform starts with a conversion to tensor (``ToImage()`` or
+``PILToTensor()``: the reference's ``--backend tv_tensor`` / ``tensor``), since its augmentations then
+work on tensors as they do here; a chain that augments PIL images (``--backend pil``) stays on torch's
+DataLoader, whose PIL kernels differ from the tensor ones.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+import torchvision
+from PIL import Image
+from torch.utils.data import default_collate
+
+from ..device import to_device
+from ..errors import NotCompilable
+from .adapters import FileSamples
+
+_ADVICE = ("to compile it, start the joint transform with v2.ToImage() or v2.PILToTensor() (torchvision's "
+           "detection reference: --backend tv_tensor or tensor)")
+
+
+def _wrapper_class():
+    from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
+
+    return VisionDatasetTVTensorWrapper
+
+
+def is_detection(dataset) -> bool:
+    """A torchvision v2 wrapper around CocoDetection."""
+    return isinstance(dataset, _wrapper_class()) and isinstance(dataset._dataset, torchvision.datasets.CocoDetection)
+
+
+def _steps(joint) -> list:
+    """The transforms a joint transform runs, looked up through Compose, the references' preset
+    classes (``.transforms``) and StandardTransform (``.transform``): for the check and for explain()."""
+    t = joint
+    for _ in range(4):
+        if isinstance(t, (list, tuple)):
+            return list(t)
+        inner = getattr(t, "transforms", None)
+        if inner is None and type(t).__name__ == "StandardTransform":
+            inner = t.transform
+        if inner is None:
+            break
+        t = inner
+    return [t]
+
+
+def _first_conversion(joint) -> Optional[str]:
+    from torchvision.transforms import v2
+
+    steps = _steps(joint)
+    first = steps[0] if steps else None
+    if type(first) is v2.ToImage:
+        return "image"
+    if type(first) is v2.PILToTensor:
+        return "tensor"
+    return None
+
+
+class DetectionSamples(FileSamples):
+    """Images of a wrapped CocoDetection: the graph decodes ``paths[i]``; ``target(i)`` is torchvision's
+    wrapped target; ``items`` runs the joint transform per sample on the decoded image."""
+
+    def __init__(self, ds, index: list, joint, kind: str, origin: str):
+        from torchvision.transforms import v2
+
+        coco, root = ds._dataset.coco, ds._dataset.root
+        ids = ds._dataset.ids
+        paths = [os.path.join(root, coco.loadImgs(ids[k])[0]["file_name"]) for k in index]
+        super().__init__(paths, list(index), v2.PILToTensor(), None, origin)
+        self.ds, self.index, self.joint, self.kind = ds, list(index), joint, kind
+
+    def target(self, i: int):
+        """torchvision's wrapped target of sample ``i`` (the wrapper reads only the image's size)."""
+        k = self.index[i]
+        inner = self.ds._dataset
+        raw = inner._load_target(inner.ids[k])
+        with Image.open(self.paths[i]) as img:  # the header: the canvas size the wrapper asks of the image
+            return self.ds._wrapper(k, (img, raw))[1]
+
+    def sample(self, image: torch.Tensor, i: int):
+        """``dataset[i]`` from the decoded image: the joint transform run as written."""
+        from torchvision import tv_tensors
+
+        if self.kind == "image":
+            image = tv_tensors.Image(image)
+        return self.joint(image, self.target(i)) if self.joint is not None else (image, self.target(i))
+
+    def items(self, images, indices) -> list:
+        return [self.sample(img, i) for img, i in zip(images, indices)]
+
+    def batch(self, images, labels, dev, indices) -> Any:
+        """What torch's default_collate makes of the items (it raises, as it does, for images of
+        different sizes: detection loaders pass a collate_fn)."""
+        items = self.items(images.unbind(0) if isinstance(images, torch.Tensor) else images, indices)
+        return to_device(default_collate(items), dev)
+
+    def per_sample_note(self) -> Optional[str]:
+        if self.joint is None:
+            return None
+        names = [type(t).__name__ for t in _steps(self.joint)]
+        return (f"{', '.join(names)} run(s) per sample on the decoded images with torchvision's kernels (boxes "
+                "and masks follow the pixels as in torchvision; the graph decodes)")
+
+    def select(self, indices) -> "DetectionSamples":
+        out = DetectionSamples.__new__(DetectionSamples)
+        out.__dict__.update(self.__dict__)
+        idx = [int(i) for i in indices]
+        out.paths = [self.paths[i] for i in idx]
+        out.targets = [self.targets[i] for i in idx]
+        out.index = [self.index[i] for i in idx]
+        return out
+
+
+def resolve_detection(ds) -> DetectionSamples:
+    joint = ds.transforms
+    kind = _first_conversion(joint) if joint is not None else "tensor"
+    if kind is None:
+        raise NotCompilable(f"{type(ds).__name__}'s joint transform augments PIL images", _ADVICE)
+    names = [type(t).__name__ for t in _steps(joint)] if joint is not None else []
+    return DetectionSamples(ds, range(len(ds)), joint, kind,
+                            f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's "
+                            f"targets; the joint transform ({', '.join(names) or 'none'}) per sample on the "
+                            "decoded image with torchvision's kernels (datasets/detection.py)")
+

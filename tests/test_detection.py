@@ -1,0 +1,116 @@
+"""Detection datasets of torchvision v2 (#34, first part): a wrapped CocoDetection, side by side with
+torch's DataLoader over the same dataset object on the project's own COCO layout of real photos.
+The graph decodes; targets are torchvision's; the joint transform runs per sample with torchvision's
+kernels, so with the same random draws boxes, labels and masks are exactly torchvision's."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils.data as tud
+import torchvision
+from presets import DetectionPresetTrain, detection_collate
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from gputransforms import DataLoader, FallbackWarning, sampledata
+
+pytest.importorskip("pycocotools")
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)]
+KEYS = ["boxes", "labels", "masks", "image_id", "iscrowd", "area"]
+
+
+@pytest.fixture(scope="module")
+def coco(photo_folder, tmp_path_factory):
+    return sampledata.write_coco(photo_folder, tmp_path_factory.mktemp("coco"), seed=2)
+
+
+def wrapped(coco, transforms, keys=KEYS, annotated_only=True):
+    """The dataset as torchvision's detection reference builds it: wrapped for v2, and (by default)
+    without the images that have no annotations (its Subset; SanitizeBoundingBoxes raises on them)."""
+    ds = torchvision.datasets.CocoDetection(str(coco[0]), str(coco[1]), transforms=transforms)
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys=keys)
+    if not annotated_only:
+        return ds
+    return tud.Subset(ds, [i for i, img_id in enumerate(ds.ids) if ds.coco.getAnnIds(imgIds=img_id)])
+
+
+def same_targets(ours: dict, theirs: dict):
+    assert list(ours) == list(theirs)
+    for k, v in theirs.items():
+        o = ours[k]
+        if isinstance(v, torch.Tensor):
+            assert type(o) is type(v) and o.dtype == v.dtype and torch.equal(o.cpu(), v), k
+        else:
+            assert o == v, k
+
+
+def side_by_side(ds, device, seed=0, batch_size=4, **kw):
+    """Both loaders over ``ds`` from the same global seed (torch's with no workers draws the joint
+    transforms' randomness in the main thread, sample after sample, as ours does)."""
+    torch.manual_seed(seed)
+    ours = list(DataLoader(ds, batch_size=batch_size, collate_fn=detection_collate, device=device, **kw))
+    torch.manual_seed(seed)
+    theirs = list(tud.DataLoader(ds, batch_size=batch_size, collate_fn=detection_collate, **kw))
+    assert len(ours) == len(theirs)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_chain_gives_torchvisions_targets(coco, device):
+    chain = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(p=1), v2.Resize((96, 128)),
+                        v2.ToDtype(torch.float32, scale=True),
+                        v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.CXCYWH), v2.SanitizeBoundingBoxes()])
+    ds = wrapped(coco, chain)
+    with pytest.warns(FallbackWarning, match="per sample on the decoded images"):
+        loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert loader.backend == "dali", loader.reason
+    ours, theirs = side_by_side(ds, device)
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert type(a) is tv_tensors.Image and a.shape == b.shape
+            assert (a.device.type == "cuda") == (device == "gpu")
+            assert (a.cpu() - b).abs().mean() * 255 < (0.5 if device == "cpu" else 1.5)
+            same_targets(ta, tb)
+    assert "CocoDetection decoded in the graph" in loader.explain()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("aug", ["hflip", "ssdlite", "ssd", "multiscale"])
+@pytest.mark.parametrize("backend", ["tv_tensor", "tensor"])
+def test_reference_presets_same_draws_same_targets(coco, device, aug, backend):
+    """torchvision's detection presets (--use-v2, --backend tv_tensor/tensor): the same random draws,
+    so the same crops, flips and zooms: boxes, labels and masks exactly torchvision's, images within
+    the decoders' difference (RandomPhotometricDistort's colour ops on the decoded pixels)."""
+    ds = wrapped(coco, DetectionPresetTrain(data_augmentation=aug, backend=backend), keys=["boxes", "labels",
+                                                                                             "masks", "image_id"])
+    ours, theirs = side_by_side(ds, device, seed=3, shuffle=True)
+    ids = []
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape and type(a) is type(b) is torch.Tensor
+            assert (a.cpu() - b).abs().mean() * 255 < (1.0 if device == "cpu" else 3.0)
+            same_targets(ta, tb)
+            ids.append(ta["image_id"])
+    assert sorted(ids) == [i + 1 for i in range(48) if i % 7 != 6]  # every annotated image once
+
+
+def test_images_without_annotations_as_torchvision_treats_them(coco):
+    """Without the reference's Subset: an image without annotations gets {"image_id"} only, and
+    SanitizeBoundingBoxes then raises torchvision's own error, on both loaders; without it, it passes."""
+    plain = wrapped(coco, v2.Compose([v2.ToImage(), v2.Resize((64, 64))]), annotated_only=False)
+    ours, theirs = side_by_side(plain, "cpu", batch_size=7)
+    assert [t for _, ts in ours for t in ts if len(t) == 1] == [t for _, ts in theirs for t in ts if len(t) == 1] \
+        and sum(len(t) == 1 for _, ts in ours for t in ts) == 6
+    strict = wrapped(coco, v2.Compose([v2.ToImage(), v2.SanitizeBoundingBoxes()]), annotated_only=False)
+    with pytest.raises(ValueError, match="Could not infer where the labels are") as info:
+        list(DataLoader(strict, batch_size=7, collate_fn=detection_collate, device="cpu"))
+    with pytest.raises(ValueError) as ref:
+        list(tud.DataLoader(strict, batch_size=7, collate_fn=detection_collate))
+    assert str(info.value) == str(ref.value)
+
+
+def test_a_pil_backend_chain_falls_back_with_advice(coco):
+    ds = wrapped(coco, DetectionPresetTrain(data_augmentation="ssd", backend="pil"), annotated_only=False)
+    with pytest.warns(FallbackWarning, match="augments PIL images.*--backend tv_tensor"):
+        loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device="cpu")
+    assert loader.backend == "torchvision"
