@@ -454,3 +454,52 @@ def write_coco(folder, out, *, seed: int = 0, max_boxes: int = 6, empty_every: i
     ann_file.write_text(json.dumps({"images": images, "annotations": anns,
                                     "categories": [{"id": c, "name": f"c{c}"} for c in range(1, 6)]}))
     return out / "images", ann_file
+
+
+VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
+               "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")
+
+
+def write_voc(folder, root, *, seed: int = 0, max_objects: int = 4) -> Path:
+    """The photos of ``folder`` as a Pascal VOC 2012 layout under ``root`` (``VOCdevkit/VOC2012``):
+    ``JPEGImages``, ``Annotations`` (1..``max_objects`` objects: a class, a box, difficult/truncated
+    flags), ``SegmentationClass`` (palette PNGs: each object's box filled with its class index inside a
+    255 border, as VOC marks boundaries) and the ``train`` lists of ``Main`` and ``Segmentation``.
+    Returns ``root`` (what torchvision's VOC datasets take)."""
+    import shutil
+
+    root = Path(root)
+    voc = root / "VOCdevkit" / "VOC2012"
+    for d in ("JPEGImages", "Annotations", "SegmentationClass", "ImageSets/Main", "ImageSets/Segmentation"):
+        (voc / d).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    names = []
+    palette = [v for c in range(256) for v in ((c * 37) % 256, (c * 91) % 256, (c * 53) % 256)]
+    for k, src in enumerate(sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))):
+        name = f"2012_{k:06d}"
+        names.append(name)
+        shutil.copy(src, voc / "JPEGImages" / f"{name}.jpg")
+        with Image.open(src) as img:
+            w, h = img.size
+        mask = np.zeros((h, w), dtype=np.uint8)
+        objects = []
+        for _ in range(int(rng.integers(1, max_objects + 1))):
+            c = int(rng.integers(0, len(VOC_CLASSES)))
+            x0, x1 = sorted(int(v) for v in rng.integers(1, w, 2))
+            y0, y1 = sorted(int(v) for v in rng.integers(1, h, 2))
+            x1, y1 = max(x1, x0 + 4), max(y1, y0 + 4)
+            mask[y0 - 1:y1 + 1, x0 - 1:x1 + 1] = 255
+            mask[y0:y1, x0:x1] = c + 1
+            objects.append(f"<object><name>{VOC_CLASSES[c]}</name><pose>Unspecified</pose>"
+                           f"<truncated>{int(rng.integers(0, 2))}</truncated><difficult>{int(rng.integers(0, 2))}"
+                           f"</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin><xmax>{x1}</xmax>"
+                           f"<ymax>{y1}</ymax></bndbox></object>")
+        (voc / "Annotations" / f"{name}.xml").write_text(
+            f"<annotation><folder>VOC2012</folder><filename>{name}.jpg</filename><size><width>{w}</width>"
+            f"<height>{h}</height><depth>3</depth></size><segmented>1</segmented>{''.join(objects)}</annotation>")
+        png = Image.fromarray(mask, mode="P")
+        png.putpalette(palette)
+        png.save(voc / "SegmentationClass" / f"{name}.png")
+    for split in ("Main", "Segmentation"):
+        (voc / "ImageSets" / split / "train.txt").write_text("\n".join(names) + "\n")
+    return root

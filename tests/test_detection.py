@@ -114,3 +114,42 @@ def test_a_pil_backend_chain_falls_back_with_advice(coco):
     with pytest.warns(FallbackWarning, match="augments PIL images.*--backend tv_tensor"):
         loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device="cpu")
     assert loader.backend == "torchvision"
+
+
+@pytest.fixture(scope="module")
+def voc(photo_folder, tmp_path_factory):
+    return sampledata.write_voc(photo_folder, tmp_path_factory.mktemp("voc"), seed=4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_voc_detection_as_torchvision(voc, device):
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCDetection(
+        str(voc), year="2012", image_set="train", transforms=DetectionPresetTrain(data_augmentation="ssdlite",
+                                                                                   backend="tv_tensor")))
+    ours, theirs = side_by_side(ds, device, seed=5, shuffle=True)
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape and (a.cpu() - b).abs().mean() * 255 < (1.0 if device == "cpu" else 3.0)
+            same_targets(ta, tb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_voc_segmentation_masks_follow_the_pixels(voc, device):
+    """A segmentation train chain of public v2 classes (the reference's shape: random resize, flip,
+    a crop padded with 255 on the mask, normalize) batched by default_collate: masks exactly
+    torchvision's, nearest-neighbour as it does."""
+    chain = v2.Compose([v2.ToImage(), v2.RandomResize(min_size=40, max_size=120), v2.RandomHorizontalFlip(),
+                        v2.RandomCrop(64, pad_if_needed=True, fill={tv_tensors.Mask: 255, "others": 0}),
+                        v2.ToDtype(torch.float, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+                        v2.ToPureTensor()])
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(
+        torchvision.datasets.VOCSegmentation(str(voc), year="2012", image_set="train", transforms=chain))
+    torch.manual_seed(7)
+    ours = list(DataLoader(ds, batch_size=8, device=device))
+    torch.manual_seed(7)
+    theirs = list(tud.DataLoader(ds, batch_size=8))
+    assert len(ours) == len(theirs) == 6
+    for (x, m), (xt, mt) in zip(ours, theirs):
+        assert x.shape == xt.shape == (8, 3, 64, 64) and m.dtype == mt.dtype
+        assert torch.equal(m.cpu(), mt)
+        assert (x.cpu() - xt).abs().mean() * 0.229 * 255 < (1.0 if device == "cpu" else 3.0)

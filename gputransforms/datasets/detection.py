@@ -1,5 +1,6 @@
-"""Detection datasets of torchvision v2: ``wrap_dataset_for_transforms_v2(CocoDetection(...))``, as
-torchvision's detection reference builds it (``Subset``s of it too). The graph decodes each image
+"""Detection and segmentation datasets of torchvision v2: ``wrap_dataset_for_transforms_v2`` around
+``CocoDetection``, ``VOCDetection`` or ``VOCSegmentation``, as torchvision's references build them
+(``Subset``s of them too). The graph decodes each image
 (nvJPEG on the GPU) to a uint8 CHW tensor on the device; the target is torchvision's own (its
 wrapper's boxes, labels, masks, ... from the annotations, with the canvas size read from the file's
 header); the joint transform then runs per sample, as written, with torchvision's kernels: image on
@@ -34,9 +35,30 @@ def _wrapper_class():
     return VisionDatasetTVTensorWrapper
 
 
+def _coco(inner) -> tuple:
+    paths = [os.path.join(inner.root, inner.coco.loadImgs(i)[0]["file_name"]) for i in inner.ids]
+    return paths, lambda k: inner._load_target(inner.ids[k])
+
+
+def _voc_detection(inner) -> tuple:
+    from torchvision.datasets.voc import ET_parse
+
+    return list(inner.images), lambda k: inner.parse_voc_xml(ET_parse(inner.annotations[k]).getroot())
+
+
+def _voc_segmentation(inner) -> tuple:
+    return list(inner.images), lambda k: Image.open(inner.masks[k])
+
+
+#: the wrapped dataset classes, each: its image files, and its raw target by index (what its own
+#: __getitem__ reads besides the image; torchvision's wrapper then makes the tv_tensors)
+KINDS = {torchvision.datasets.CocoDetection: _coco, torchvision.datasets.VOCDetection: _voc_detection,
+         torchvision.datasets.VOCSegmentation: _voc_segmentation}
+
+
 def is_detection(dataset) -> bool:
-    """A torchvision v2 wrapper around CocoDetection."""
-    return isinstance(dataset, _wrapper_class()) and isinstance(dataset._dataset, torchvision.datasets.CocoDetection)
+    """A torchvision v2 wrapper around one of ``KINDS`` (its class exactly: a subclass may read otherwise)."""
+    return isinstance(dataset, _wrapper_class()) and type(dataset._dataset) in KINDS
 
 
 def _steps(joint) -> list:
@@ -74,17 +96,14 @@ class DetectionSamples(FileSamples):
     def __init__(self, ds, index: list, joint, kind: str, origin: str):
         from torchvision.transforms import v2
 
-        coco, root = ds._dataset.coco, ds._dataset.root
-        ids = ds._dataset.ids
-        paths = [os.path.join(root, coco.loadImgs(ids[k])[0]["file_name"]) for k in index]
-        super().__init__(paths, list(index), v2.PILToTensor(), None, origin)
+        paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
+        super().__init__([paths[k] for k in index], list(index), v2.PILToTensor(), None, origin)
         self.ds, self.index, self.joint, self.kind = ds, list(index), joint, kind
 
     def target(self, i: int):
         """torchvision's wrapped target of sample ``i`` (the wrapper reads only the image's size)."""
         k = self.index[i]
-        inner = self.ds._dataset
-        raw = inner._load_target(inner.ids[k])
+        raw = self.raw_target(k)
         with Image.open(self.paths[i]) as img:  # the header: the canvas size the wrapper asks of the image
             return self.ds._wrapper(k, (img, raw))[1]
 
