@@ -31,6 +31,12 @@ the same launches, little GPU work) are probes of whether a loader beside the mo
 the GPU or by the host. ``--mark FILE`` touches FILE when the warm-up ends, for tracers outside the
 process (``benchmarks/probes/``).
 
+``--isolate`` measures as users run it: each feed in its own process (``python -m benchmarks.train``
+again, with ``--epochs``), over whole epochs of the folder, the first epoch (start-up, warm-up)
+reported apart from the rest; there ``gputransforms-late`` is ours imported after CUDA started (after
+the model is on the GPU, as in a notebook), beside ``gputransforms`` imported first. ``--epochs N``
+alone runs that whole-epoch loop in this process.
+
 Each figure is img/s over ``--images`` images after 10 warm-up steps, epochs restarting as a training
 loop's would. Reported beside it: the fraction of the model alone, the device memory the run takes
 beyond the model's own (device-wide peak, sampled, minus the level of the model-alone run; and of it
@@ -185,6 +191,62 @@ def run(step, source, n_images: int, batch_size: int, profile: bool = False, war
     return out
 
 
+def run_epochs(step, make, epochs: int, steps_per_epoch: int = 0) -> dict:
+    """A plain training script's loop: ``epochs`` whole passes over the loader ``make()`` builds (or,
+    for the model alone, ``steps_per_epoch`` steps on its resident batch), timed one by one. img/s is
+    over the epochs after the first (which holds the start-up and the warm-up), reported apart."""
+    loader = make()
+    per_epoch = []
+    for _ in range(epochs):
+        cuda_sync()
+        t0, n = time.perf_counter(), 0
+        source = (next(loader) for _ in range(steps_per_epoch)) if steps_per_epoch else iter(loader)
+        for b in source:
+            x, y = b[0], b[1].reshape(-1).long()
+            step(x, y)
+            n += len(x)
+        cuda_sync()
+        per_epoch.append((n, time.perf_counter() - t0))
+    later = per_epoch[1:] or per_epoch
+    return dict(img_s=sum(n for n, _ in later) / sum(t for _, t in later), images=sum(n for n, _ in later),
+                first_epoch_img_s=per_epoch[0][0] / per_epoch[0][1], epoch_img_s=[n / t for n, t in per_epoch])
+
+
+def isolated(a, argv_base: list) -> list:
+    """Each (model, chain, feed) in its own process over whole epochs; the rows its train.json holds."""
+    import subprocess
+    import sys
+    import tempfile
+
+    rows = []
+    for model_name in a.models.split(","):
+        for chain in a.chains.split(","):
+            for name in a.feeds.split(","):
+                late = name.endswith("-late")
+                with tempfile.TemporaryDirectory() as tmp:
+                    cmd = [sys.executable, "-m", "benchmarks.train", a.root, "--models", model_name, "--chains", chain,
+                           "--feeds", name[:-len("-late")] if late else name, "--epochs", str(a.epochs),
+                           "--out", tmp, *argv_base] + (["--late-import"] if late else [])
+                    res = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+                    try:
+                        got = json.loads((Path(tmp) / "train.json").read_text())["rows"]
+                    except (OSError, ValueError):
+                        got = [dict(model=model_name, chain=chain, error=f"exit {res.returncode}: "
+                                                                          f"{res.stderr.strip().splitlines()[-1:]}")]
+                for r in got:
+                    r.update(feed=name, process="own")
+                    rows.append(r)
+                print(f"  {model_name} {chain} {name} (own process): {got[0].get('img_s', float('nan')):.0f} img/s "
+                      f"(first epoch {got[0].get('first_epoch_img_s', float('nan')):.0f}) {got[0].get('error', '')}",
+                      flush=True)
+            alone = next((r.get("img_s") for r in rows if r["model"] == model_name and r["chain"] == chain
+                          and r["feed"] == "model"), None)
+            for r in rows:
+                if alone and r["model"] == model_name and r["chain"] == chain and "img_s" in r:
+                    r["of_model"] = r["img_s"] / alone
+    return rows
+
+
 def kernel_breakdown(step, source, steps: int = 20) -> dict:
     """GPU kernel time per step over ``steps`` steps: the loader's (DALI's and nvJPEG's kernels, by
     name) and the rest (the model's, and any torch kernels a loader runs on the model's stream); and
@@ -293,6 +355,17 @@ def feed(name: str, root: str, chain: str, batch_size: int, workers: int, thread
     return alternating(make, int(k)) if k.isdigit() else batches(make)
 
 
+def epochs_of(a, name: str, chain: str, dev, classes: int, step) -> dict:
+    """``run_epochs`` for a feed: the model alone takes as many steps an epoch as the folder has batches."""
+    if name == "model":
+        n = len(torchvision.datasets.folder.make_dataset(a.root, torchvision.datasets.folder.find_classes(a.root)[1],
+                                                         torchvision.datasets.folder.IMG_EXTENSIONS))
+        resident = feed("model", a.root, chain, a.batch_size, a.workers, a.threads, dev, classes)
+        return run_epochs(step, lambda: resident, a.epochs, steps_per_epoch=max(1, n // a.batch_size))
+    base = pipeline(name)(a.root, chain, a.batch_size, a.workers if name == "torchvision" else a.threads)
+    return run_epochs(step, base, a.epochs)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="training-loop benchmark")
     ap.add_argument("root")
@@ -309,7 +382,21 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=WARMUP, help="steps before timing")
     ap.add_argument("--mark", default="", metavar="FILE", help="touch FILE when the warm-up ends (for outside tracers)")
     ap.add_argument("--out", default="bench-out/train")
+    ap.add_argument("--isolate", action="store_true", help="each feed in its own process, whole epochs")
+    ap.add_argument("--epochs", type=int, default=0, help="whole epochs instead of --images (first apart)")
+    ap.add_argument("--late-import", action="store_true", help="import gputransforms after CUDA started")
     a = ap.parse_args(argv)
+    if a.isolate:
+        a.epochs = a.epochs or 3
+        passed = ["--batch-size", str(a.batch_size), "--workers", str(a.workers), "--threads", str(a.threads)]
+        rows = isolated(a, passed)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train.json").write_text(json.dumps(dict(info=dict(mode="isolated", epochs=a.epochs), rows=rows),
+                                                   indent=2))
+        return
+    if a.late_import and on_gpu():  # CUDA starts first (a model moved to the GPU), then the import
+        torch.zeros(1, device=torch_device())
     # as a user's script that swapped its imports: gputransforms imported before CUDA starts, so it can
     # widen the driver's work queues (device.widen_cuda_connections) for every feed of the run; with
     # CUDA_DEVICE_MAX_CONNECTIONS set beforehand (8: the driver's default) it leaves them as they are
@@ -339,8 +426,12 @@ def main(argv=None):
                 try:
                     n = a.torchvision_images if base == "torchvision" and a.torchvision_images else a.images
                     with on_stream(where, dev):
-                        row.update(run(step, feed(base, a.root, chain, a.batch_size, a.workers, a.threads, dev, classes),
-                                       n, a.batch_size, a.profile and base != "torchvision", a.warmup, a.mark))
+                        if a.epochs:
+                            row.update(epochs_of(a, base, chain, dev, classes, step))
+                        else:
+                            row.update(run(step, feed(base, a.root, chain, a.batch_size, a.workers, a.threads, dev,
+                                                      classes), n, a.batch_size, a.profile and base != "torchvision",
+                                           a.warmup, a.mark))
                     row["mem_mb"] = (max(mem.peak, gpu_mem_used()) - mem.base) / 2**20
                     # of it, torch's caching allocator's peak (the model's tensors, and the batches
                     # the loop holds); the rest is DALI's pools and libraries

@@ -45,6 +45,22 @@ def test_loader_benchmark_streamed_inputs_run(indexed_folder, tmp_path):
         assert r["img_s"] > 0 and r["shape"][1:] == [3, 224, 224]
 
 
+def test_train_benchmark_isolated_epochs_run(indexed_folder, tmp_path):
+    """#35: each feed in its own process over whole epochs, ours imported first and after CUDA started."""
+    out = tmp_path / "iso"
+    cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", "mobilenet_v3_small", "--chains",
+           "train", "--feeds", "model,gputransforms,gputransforms-late", "--batch-size", "8", "--epochs", "2",
+           "--isolate", "--workers", "1", "--threads", "1", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["feed"]: r for r in json.loads((out / "train.json").read_text())["rows"]}
+    assert set(rows) == {"model", "gputransforms", "gputransforms-late"}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["process"] == "own" and len(r["epoch_img_s"]) == 2 and r["img_s"] > 0 and r["of_model"] > 0
+    assert rows["gputransforms"]["images"] == 37  # the second epoch, whole
+
+
 def test_train_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "train"
     cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", "mobilenet_v3_small", "--chains", "train",

@@ -97,6 +97,10 @@ class ClipSamples:
     def num_inputs(self, gpu: bool) -> int:
         return 3 if gpu else 2
 
+    def per_sample_note(self) -> None:
+        """Nothing of a video dataset's own runs per sample beyond the chain (FileSamples' protocol)."""
+        return None
+
     def audio(self, indices) -> list:
         """Each clip's audio as torchvision's ``VideoClips.get_clip`` returns it (``clip_audio``),
         decoded in threads (a video without audio costs one look at its header, once)."""
