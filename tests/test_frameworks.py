@@ -198,3 +198,23 @@ def test_a_failing_rank_is_named_and_ends_the_job(indexed_folder, tmp_path):
     assert f"[rank 1 of 2] gputransforms: sample 3 ({bad})" in res.stderr, res.stderr[-3000:]
     assert "rank 1: finished" not in res.stdout
     assert took < 120, f"the job took {took:.0f} s to end"
+
+
+# --- webdataset shards under torchrun: each rank its own shards (#36) -------------------------------------
+
+def test_webdataset_ranks_read_their_shards_exactly_once(indexed_folder, tmp_path):
+    """Two gloo ranks, split_by_node: each rank's samples are torch's DataLoader's over the same pipeline,
+    in each of two epochs, and together every sample exactly once (4 shards of 10, 10, 10, 7)."""
+    pytest.importorskip("webdataset")
+    from gputransforms import sampledata
+
+    sampledata.write_shards(indexed_folder, tmp_path / "shards", per_shard=10)
+    torchrun("torchrun_wds.py", tmp_path / "shards" / "shard-{000000..000003}.tar", tmp_path)
+    ranks = [json.loads((tmp_path / f"wds-rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["backend"] for r in ranks] == ["dali", "dali"]
+    for r in ranks:
+        assert r["ours"][0] == r["ours"][1] == r["torch"]
+    assert [len(r["torch"]) for r in ranks] == [20, 17]
+    seen = Counter(i for r in ranks for i, _ in r["ours"][0])
+    assert set(seen) == set(range(N)) and max(seen.values()) == 1
+    assert all(lab == (0 if i < 13 else 1 if i < 25 else 2) for r in ranks for i, lab in r["ours"][0])
