@@ -61,6 +61,21 @@ def test_train_benchmark_isolated_epochs_run(indexed_folder, tmp_path):
     assert rows["gputransforms"]["images"] == 37  # the second epoch, whole
 
 
+def test_detection_benchmark_runs(indexed_folder, tmp_path):
+    pytest.importorskip("pycocotools")
+    out = tmp_path / "det"
+    cmd = [sys.executable, "-m", "benchmarks.detection", str(indexed_folder), "--presets", "ssdlite,hflip",
+           "--pipelines", "torchvision,gputransforms", "--batch-size", "4", "--images", "8", "--workers", "1",
+           "--threads", "1", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {(r["preset"], r["pipeline"]): r for r in json.loads((out / "detection.json").read_text())["rows"]}
+    assert set(rows) == {(p, n) for p in ("ssdlite", "hflip") for n in ("torchvision", "gputransforms")}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["ttfb_s"] > 0
+
+
 def test_train_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "train"
     cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", "mobilenet_v3_small", "--chains", "train",

@@ -1,0 +1,176 @@
+"""Detection loaders side by side, one process, one run (#34):
+
+    python -m benchmarks.detection ROOT [--make-data 5000] [--presets ssd,ssdlite,hflip] [--batch-size 32]
+
+ROOT is a folder of photos (``--make-data N`` writes N ImageNet-like ones first); its COCO layout
+(boxes, polygons, crowd RLE; ``sampledata.write_coco``) is written beside it once. For each of
+torchvision's detection presets (references/detection/presets.py with ``--use-v2 --backend
+tv_tensor``), on the same wrapped ``CocoDetection`` minus images without annotations (the
+reference's Subset), with the reference's ``collate_fn``:
+
+- ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
+- ``gputransforms``: our DataLoader over the same dataset object;
+- ``dali-handwritten`` (GPU only, ``ssd``): DALI's SSD example pipeline: ``readers.coco`` +
+  ``random_bbox_crop`` + ``decoders.image_slice`` + ``bb_flip`` + ``resize`` to 300 +
+  ``crop_mirror_normalize`` (not the same augmentation as torchvision's preset: a reference point).
+
+Prints img/s, time to the first batch and device memory; writes ``detection.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.utils.data as tud
+
+from benchmarks.common import make_data, on_gpu, rss_peak_mb, torch_device
+
+
+def coco_of(root: str) -> tuple:
+    from gputransforms import sampledata
+
+    out = Path(os.path.abspath(root).rstrip("/") + "-coco")
+    if not (out / "annotations.json").exists():
+        sampledata.write_coco(root, out, seed=0)
+    return str(out / "images"), str(out / "annotations.json")
+
+
+def dataset(coco: tuple, preset: str):
+    import torchvision
+
+    from tests.presets import DetectionPresetTrain  # the reference's presets, as the tests rebuild them
+
+    ds = torchvision.datasets.CocoDetection(coco[0], coco[1], transforms=DetectionPresetTrain(
+        data_augmentation=preset, backend="tv_tensor"))
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys=["boxes", "labels", "image_id"])
+    return tud.Subset(ds, [i for i, img_id in enumerate(ds.ids) if ds.coco.getAnnIds(imgIds=img_id)])
+
+
+def collate(batch):  # references/detection/utils.py
+    return tuple(zip(*batch))
+
+
+class Moved:
+    """torch's batches with the images on the device, as the reference's loop moves them."""
+
+    def __init__(self, dl, dev):
+        self.dl, self.dev = dl, dev
+
+    def __iter__(self):
+        for images, targets in self.dl:
+            yield [im.to(self.dev, non_blocking=True) for im in images], targets
+
+
+def dali_ssd(coco: tuple, batch_size: int, threads: int):
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0, seed=1)
+    def pipe():
+        jpegs, boxes, labels = fn.readers.coco(file_root=coco[0], annotations_file=coco[1], skip_empty=True,
+                                               ratio=True, ltrb=True, random_shuffle=True, name="reader")
+        begin, size, boxes, labels = fn.random_bbox_crop(boxes, labels, aspect_ratio=[0.5, 2.0],
+                                                         thresholds=[0, 0.1, 0.3, 0.5, 0.7, 0.9],
+                                                         scaling=[0.3, 1.0], bbox_layout="xyXY", allow_no_crop=True,
+                                                         num_attempts=50)
+        images = fn.decoders.image_slice(jpegs, begin, size, device="mixed", output_type=types.RGB)
+        flip = fn.random.coin_flip(probability=0.5)
+        boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
+        images = fn.resize(images, resize_x=300, resize_y=300)
+        images = fn.crop_mirror_normalize(images, mirror=flip, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[0.0] * 3, std=[255.0] * 3)
+        return images, boxes.gpu(), labels.gpu()
+
+    p = pipe()
+    p.build()
+    return DALIGenericIterator([p], ["images", "boxes", "labels"], reader_name="reader")
+
+
+def timed(make, n_images: int) -> dict:
+    import time
+
+    from benchmarks.common import PeakGpuMemory, cuda_sync, gc_collect
+
+    gc_collect()
+    mem = PeakGpuMemory()
+    t0 = time.perf_counter()
+    loader = make()
+    it = iter(loader)
+    next(it)
+    cuda_sync()
+    ttfb = time.perf_counter() - t0
+    counted, t_start = 0, None
+    while counted < n_images:
+        for batch in it:
+            images = batch[0]["images"] if isinstance(batch, list) else batch[0]
+            if t_start is None:
+                cuda_sync()
+                t_start = time.perf_counter()
+                continue
+            counted += len(images)
+            if counted >= n_images:
+                break
+        it = iter(loader)
+    cuda_sync()
+    return dict(img_s=counted / (time.perf_counter() - t_start), ttfb_s=ttfb, images=counted, gpu_mem_mb=mem.stop_mb())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="detection loader benchmark")
+    ap.add_argument("root")
+    ap.add_argument("--make-data", type=int, default=0, metavar="N")
+    ap.add_argument("--presets", default="ssd,ssdlite,hflip")
+    ap.add_argument("--pipelines", default="torchvision,gputransforms,dali-handwritten")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--out", default="bench-out/detection")
+    a = ap.parse_args(argv)
+    if a.make_data and not Path(a.root).exists():
+        make_data(a.root, a.make_data)
+    coco = coco_of(a.root)
+    dev = torch_device()
+    rows = []
+    for preset in a.presets.split(","):
+        for name in a.pipelines.split(","):
+            if name == "dali-handwritten" and (preset != "ssd" or not on_gpu()):
+                continue
+            row = dict(preset=preset, pipeline=name)
+            try:
+                if name == "torchvision":
+                    make = lambda: Moved(tud.DataLoader(dataset(coco, preset), batch_size=a.batch_size, shuffle=True,  # noqa: E731
+                                                        num_workers=a.workers, collate_fn=collate,
+                                                        persistent_workers=a.workers > 0), dev)
+                elif name == "gputransforms":
+                    from gputransforms import DataLoader
+
+                    make = lambda: DataLoader(dataset(coco, preset), batch_size=a.batch_size, shuffle=True,  # noqa: E731
+                                              num_workers=a.threads, collate_fn=collate)
+                else:
+                    make = lambda: dali_ssd(coco, a.batch_size, a.threads)  # noqa: E731
+                row.update(timed(make, a.images))
+            except Exception as e:  # noqa: BLE001 - one failing pipeline must not hide the others
+                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            row["rss_mb"] = rss_peak_mb()
+            rows.append(row)
+            print(f"  {preset} {name}: {row.get('img_s', float('nan')):.0f} img/s, first batch "
+                  f"{row.get('ttfb_s', float('nan')):.2f} s, {row.get('gpu_mem_mb', 0):.0f} MiB {row.get('error', '')}",
+                  flush=True)
+        base = next((r.get("img_s") for r in rows if r["preset"] == preset and r["pipeline"] == "torchvision"), None)
+        for r in rows:
+            if r["preset"] == preset and base and "img_s" in r:
+                r["x_torchvision"] = r["img_s"] / base
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = dict(device=torch.cuda.get_device_name() if on_gpu() else "cpu", cores=os.cpu_count(),
+                batch_size=a.batch_size, workers=a.workers, threads=a.threads)
+    (out / "detection.json").write_text(json.dumps(dict(info=info, rows=rows), indent=2))
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()
