@@ -96,7 +96,9 @@ class _intercept:
                 Image.open = _installed[1]
 
 
-class _Recorder:
+class Recorder:
+    """Stands in for a transform during a probe: records what it is given, returns itself (a marker)."""
+
     def __init__(self):
         self.seen: list = []
 
@@ -105,13 +107,18 @@ class _Recorder:
         return self
 
 
+def is_transform(obj) -> bool:
+    """A torchvision, timm or gputransforms transform object (what a probe stands a Recorder in for)."""
+    return callable(obj) and not isinstance(obj, type) and \
+        type(obj).__module__.startswith(("torchvision.transforms", "timm.data", "gputransforms.transforms"))
+
+
 def transform_attribute(ds) -> str:
     """The attribute ``__getitem__`` applies: ``transform`` when the dataset has one, else its one
     attribute holding a torchvision/timm transform (``self.tfms``, ``self.augment``...)."""
     if getattr(ds, "transform", None) is not None:
         return "transform"
-    found = [k for k, v in vars(ds).items() if callable(v) and not isinstance(v, type)
-             and type(v).__module__.startswith(("torchvision.transforms", "timm.data", "gputransforms.transforms"))]
+    found = [k for k, v in vars(ds).items() if is_transform(v)]
     if len(found) == 1:
         return found[0]
     raise _Undiscoverable("has no `transform` attribute" if not found
@@ -135,7 +142,7 @@ def discover(ds):
             raise
         chain = getattr(ds, attr)
         probe = copy.copy(ds)
-        recorder = _Recorder()
+        recorder = Recorder()
         setattr(probe, attr, recorder)
         getitem = type(ds).__getitem__
         paths, targets = [], []
@@ -170,7 +177,7 @@ def _opens_a_file(ds):
             raise _Undiscoverable("opens no image with PIL.Image.open (its samples are not image files)", _NOT_FILES)
 
 
-def _check(i: int, calls: list, recorder: _Recorder, out, attr: str) -> str:
+def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
     if len(calls) != 1:
         raise _Undiscoverable("opens no image with PIL.Image.open" if not calls else
                               f"opens {len(calls)} files for index {i}")

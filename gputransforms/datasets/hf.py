@@ -31,6 +31,7 @@ from .. import files
 from ..device import to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
+from .discover import Recorder, is_transform
 
 _ADVICE = ("to compile it, give the dataset ds.with_transform(fn) where fn sets batch[key] = "
            "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
@@ -52,23 +53,6 @@ def _placeholder() -> Image.Image:
 _PLACEHOLDER = _placeholder()
 
 
-class _Recorder:
-    """Stands in for the transform: records what it is given, returns itself (a marker)."""
-
-    def __init__(self):
-        self.seen: list = []
-
-    def __call__(self, img):
-        self.seen.append(img)
-        return self
-
-
-def _is_transform(obj) -> bool:
-    mod = type(obj).__module__ or ""
-    return callable(obj) and not isinstance(obj, (type, types.FunctionType, types.ModuleType)) and \
-        mod.startswith(("torchvision.transforms", "timm.data", "gputransforms.transforms"))
-
-
 def _names(code) -> set:
     """Global names a function's code (its comprehensions and nested functions too) looks up."""
     names = set(code.co_names)
@@ -83,14 +67,14 @@ def _slots(fn) -> list:
     slots = []
     g = getattr(fn, "__globals__", {})
     for name in sorted(_names(fn.__code__)):
-        if name in g and _is_transform(g[name]):
+        if name in g and is_transform(g[name]):
             slots.append((lambda n=name: g[n], lambda v, n=name: g.__setitem__(n, v)))
     for cell in fn.__closure__ or ():
         try:
             value = cell.cell_contents
         except ValueError:
             continue
-        if _is_transform(value):
+        if is_transform(value):
             slots.append((lambda c=cell: c.cell_contents, lambda v, c=cell: setattr(c, "cell_contents", v)))
     return slots
 
@@ -106,7 +90,7 @@ def _probe(fn, row: dict, column: str):
         raise NotCompilable(f"the format transform {fn.__name__} names {len(chains)} torchvision/timm transforms "
                             "(one is needed, applied to each image)", _ADVICE)
     chain = next(iter(chains.values()))
-    recorder = _Recorder()
+    recorder = Recorder()
     batch = {k: [v] for k, v in row.items()}
     batch[column] = [_PLACEHOLDER.copy()]
     inputs = {k: batch[k] for k in batch}
