@@ -26,10 +26,11 @@ from .errors import (BadSampleError, DamagedFileWarning, FallbackWarning, LateIm
                      SkippedSamplesWarning, UnshardedWarning)
 from .inference import CompiledTransform, compile  # noqa: E402,A004 - gputransforms.compile, as the issue names it
 from .loader import DataLoader  # noqa: E402
+from .prepared import PreparedCopy, PreparedCopyWarning  # noqa: E402
 
 from ._version import __version__  # noqa: E402
 
 # (``compile`` is gputransforms.compile, but not in __all__: ``from gputransforms import *`` must not
 # shadow Python's builtin)
 __all__ = ["BadSampleError", "CompiledTransform", "DamagedFileWarning", "DataLoader", "FallbackWarning",
-           "LateImportWarning", "SkippedSamplesWarning", "UnshardedWarning", "datasets", "explain", "plan", "transforms"]
+           "LateImportWarning", "PreparedCopy", "PreparedCopyWarning", "SkippedSamplesWarning", "UnshardedWarning", "datasets", "explain", "plan", "transforms"]

@@ -85,6 +85,11 @@ def jpeg_scan_is_valid(data: bytes) -> bool:
     return sos >= 0 and _INVALID_SCAN_MARKER.search(data, sos + 2) is None
 
 
+def jpeg_complete(data: bytes) -> bool:
+    """Whether a JPEG's bytes end with its EOI marker (not cut short)."""
+    return _jpeg_complete(data)
+
+
 def _jpeg_complete(data: bytes) -> bool:
     tail = data[-16:].rstrip(b"\x00\r\n ")
     return tail.endswith(b"\xff\xd9")

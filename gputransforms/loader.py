@@ -22,6 +22,7 @@ from . import backends, integrations, state
 from .compiler.plan import VIDEO_DECODERS
 from .device import default_threads, resolve as resolve_device
 from .errors import FallbackWarning, SkippedSamplesWarning, UnshardedWarning, user_stacklevel
+from .prepared import PreparedCopy
 
 __all__ = ["DataLoader", "FallbackWarning", "SkippedSamplesWarning", "UnshardedWarning"]
 
@@ -78,6 +79,9 @@ class DataLoader(tud.DataLoader):
     FFmpeg converts them in the workers ("pyav-rgb", frames equal to PyAV's); "nvdec" decodes them on
     the GPU inside the graph with DALI's ``decoders.video`` (measured ~9x slower on an H100 with
     DALI 2.4: docs/video.md).
+    ``prepared`` (a ``PreparedCopy``, image files only; opt-in): after a file's first read, later epochs
+    decode a copy of it at reduced resolution kept in a cache directory (docs/performance.md gives
+    the pixel difference).
 
     Every extra argument is kept under its own name as a public attribute, as torch keeps its own,
     so a framework that re-creates the loader from its attributes gets the same loader. Nothing is
@@ -92,7 +96,8 @@ class DataLoader(tud.DataLoader):
                  multiprocessing_context: Any = None, generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True, device: Optional[str] = None,
                  seed: Optional[int] = None, hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
-                 on_error: str = "raise", validate_jpeg: Optional[bool] = None, video_decoder: str = "pyav"):
+                 on_error: str = "raise", validate_jpeg: Optional[bool] = None, video_decoder: str = "pyav",
+                 prepared: Optional[PreparedCopy] = None):
         kwargs: dict[str, Any] = dict(persistent_workers=persistent_workers, pin_memory_device=pin_memory_device)
         if num_workers > 0:  # torch rejects prefetch_factor without workers; DALI's prefetch needs none
             kwargs["prefetch_factor"] = prefetch_factor
@@ -116,6 +121,7 @@ class DataLoader(tud.DataLoader):
         self.hw_decoder_load = hw_decoder_load
         self.jpeg_fancy_upsampling = jpeg_fancy_upsampling
         self.video_decoder = video_decoder
+        self.prepared = prepared
         self.num_threads = num_workers if num_workers > 0 else default_threads()
         # 4 batches in flight measured 5% faster than 2 on an H100 (benchmarks/probes/probe_loader.py)
         self.prefetch_queue_depth = prefetch_factor or 4
@@ -125,7 +131,8 @@ class DataLoader(tud.DataLoader):
             hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling, video_decoder=video_decoder,
             num_threads=self.num_threads, num_workers=num_workers, prefetch_queue_depth=self.prefetch_queue_depth,
             collate=None if _is_default_collate(collate_fn) else collate_fn, batch_size=self.batch_size,
-            batch_sampler=batch_sampler, pin_memory=pin_memory, timeout=timeout, drop_last=drop_last), dataset)
+            batch_sampler=batch_sampler, pin_memory=pin_memory, timeout=timeout, drop_last=drop_last,
+            prepared=prepared), dataset)
         fallback = self._backend.fallback()
         if fallback:
             warnings.warn(f"gputransforms: {fallback}; see DataLoader.explain()", FallbackWarning,
@@ -136,7 +143,7 @@ class DataLoader(tud.DataLoader):
         # a framework that rebuilds this loader (Accelerate) rebuilds it with these, as this class
         integrations.remember(dataset, type(self), dict(
             device=self.device, seed=seed, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling,
-            on_error=on_error, validate_jpeg=self.validate_jpeg, video_decoder=video_decoder))
+            on_error=on_error, validate_jpeg=self.validate_jpeg, video_decoder=video_decoder, prepared=prepared))
 
     @property
     def backend(self) -> str:

@@ -39,6 +39,7 @@ class Settings:
     pin_memory: bool = False
     timeout: float = 0
     drop_last: bool = False
+    prepared: Any = None  # prepared.PreparedCopy, or None
 
 
 def _accelerator() -> bool:

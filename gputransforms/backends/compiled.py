@@ -26,6 +26,7 @@ from ..device import cuda_connections_note, late_import_warning, to_device, torc
 from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotCompilable, SkippedSamplesWarning, \
     user_stacklevel
 from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
+from ..prepared import PreparedSamples
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads
 from .workers import TorchWorkers
 
@@ -51,6 +52,11 @@ def choose(settings: Settings, dataset, resolve) -> Backend:
         return TorchWorkers(settings, f"{names} need(s) PIL images; per sample they run faster in torch's "
                                       f"{settings.num_workers} worker processes than in the main thread after "
                                       "the DALI graph (pass num_workers=0 to keep the graph)", p, samples.origin)
+    if settings.prepared is not None:
+        if type(samples) is not FileSamples:
+            raise ValueError("prepared= applies to datasets of image files (ImageFolder, ImageList, torchvision's file "
+                             f"datasets, your own Dataset of files), not to {type(dataset).__name__}")
+        samples = PreparedSamples(samples, settings.prepared)
     late = late_import_warning(settings.device)
     if late:
         warnings.warn(late, LateImportWarning, stacklevel=user_stacklevel())
@@ -85,6 +91,8 @@ class CompiledGraph(Backend):
             lines.append(f"  {cuda_connections_note()}")
         if pin_memory_note(self.settings):
             lines.append(f"  {pin_memory_note(self.settings)}")
+        if self.settings.prepared is not None:
+            lines.append(f"  {self.settings.prepared.describe()}")
         return "\n".join(lines + [self.plan.explain(self.settings.device)])
 
     def fallback(self) -> Optional[str]:
