@@ -185,3 +185,12 @@ def test_shards_through_fsspec_urls(shards):
         assert y.tolist() == yt.tolist() and ((x - xt).abs() * 255).mean() < 0.5
     assert "memory://gt-shards/shard-000001.tar:" in DataLoader(pipeline(urls), batch_size=8, device="cpu") \
         ._backend.files.paths[12]
+
+
+def test_the_same_stages_in_a_data_pipeline_compile(shards):
+    ds = wds.DataPipeline(wds.SimpleShardList(shards[1]), wds.split_by_worker, wds.tarfile_to_samples(),
+                          wds.decode("pil"), wds.to_tuple("jpg;png", "cls"), wds.map_tuple(TF, lambda y: y))
+    loader = DataLoader(ds, batch_size=8, device="cpu")
+    assert loader.backend == "dali", loader.reason
+    for (x, y), (xt, yt) in zip(loader, torch_epoch(ds)):
+        assert y.tolist() == yt.tolist() and ((x - xt).abs() * 255).mean() < 0.5

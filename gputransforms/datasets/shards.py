@@ -75,10 +75,14 @@ class _Pipeline:
             size = (getattr(stage, "args", None) or (getattr(stage, "bufsize", 2),))[0]
             self.shuffle = self.shuffle or (size or 0) > 1
         elif isinstance(stage, (wds.cache.StreamingOpen, wds.cache.FileCache)) or \
-                name in ("tar_file_expander", "group_by_keys", "check_empty"):
+                name in ("tar_file_expander", "group_by_keys", "check_empty", "tarfile_samples"):
             pass
         elif name == "map" and isinstance(stage.args[0], wds.autodecode.Decoder):
             self._decoder(stage.args[0], wds)
+        elif name == "decode":  # wds.decode(...) in a DataPipeline: the Decoder its stage builds
+            kw = {k: v for k, v in stage.kw.items() if k != "handler"}
+            self._decoder(wds.autodecode.Decoder([wds.autodecode.imagehandler(x) if isinstance(x, str) else x
+                                                  for x in stage.args], **kw), wds)
         elif name == "to_tuple" and self.image_keys is None:
             keys = stage.args[0].split() if len(stage.args) == 1 and " " in stage.args[0] else stage.args
             if len(keys) != 2 or stage.kw.get("missing_is_error") is False:
