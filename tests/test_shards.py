@@ -194,3 +194,16 @@ def test_the_same_stages_in_a_data_pipeline_compile(shards):
     assert loader.backend == "dali", loader.reason
     for (x, y), (xt, yt) in zip(loader, torch_epoch(ds)):
         assert y.tolist() == yt.tolist() and ((x - xt).abs() * 255).mean() < 0.5
+
+
+def test_a_reader_thread_keeps_a_few_shards_open(shards):
+    """A shuffled epoch jumps between shards: a reader thread keeps the most recent few open, not every
+    shard it has read (thousands of shards would exhaust the descriptors)."""
+    loader = DataLoader(pipeline(shards[0], shardshuffle=4).shuffle(100), batch_size=8, device="cpu")
+    samples = loader._backend.files
+    samples._opened.KEEP = 2  # (this thread's)
+    reader = samples.reader(gpu=False, check_jpeg_scan=False)
+    for i in list(range(0, 48, 12)) * 3:  # the first sample of each of the four shards, three times over
+        reader(i)
+        assert len(samples._opened.handles) <= 2
+    assert len(samples._opened.handles) == 2

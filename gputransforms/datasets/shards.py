@@ -71,7 +71,7 @@ class _Pipeline:
         name = _stage_name(stage)
         if name in ("single_node_only", "split_by_node", "split_by_worker") and callable(stage):
             self.splitters.append(stage)
-        elif name in ("shuffle", "detshuffle") or isinstance(stage, getattr(wds.filters, "detshuffle", ())):
+        elif name in ("shuffle", "detshuffle") or type(stage).__name__ == "detshuffle":
             size = (getattr(stage, "args", None) or (getattr(stage, "bufsize", 2),))[0]
             self.shuffle = self.shuffle or (size or 0) > 1
         elif isinstance(stage, (wds.cache.StreamingOpen, wds.cache.FileCache)) or \
@@ -147,8 +147,22 @@ def shard_urls(pipe: _Pipeline) -> list:
 
 
 class _Opened(threading.local):
+    """Each reader thread's open shards, the most recent few (a shuffled epoch jumps between shards;
+    thousands of shards must not hold thousands of descriptors per thread)."""
+
+    KEEP = 4
+
     def __init__(self):
         self.handles: dict = {}
+
+    def get(self, shard: int, url: str):
+        f = self.handles.pop(shard, None)
+        if f is None:
+            f = _open(url)
+            while len(self.handles) >= self.KEEP:
+                self.handles.pop(next(iter(self.handles))).close()
+        self.handles[shard] = f  # (re)inserted last: the most recent
+        return f
 
 
 def _open(url: str):
@@ -184,11 +198,8 @@ class ShardSamples(FileSamples):
         if size < 0:
             raise files.BadSampleError(i, self.paths[i], "the shard ends before this sample's image (a truncated "
                                                          "shard)")
-        handles = self._opened.handles
-        f = handles.get(shard)
         try:
-            if f is None:
-                f = handles[shard] = _open(self.shards[shard])
+            f = self._opened.get(shard, self.shards[shard])
             f.seek(offset)
             data = f.read(size)
         except OSError as e:
