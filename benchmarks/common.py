@@ -153,7 +153,8 @@ class PeakGpuMemory:
 
 def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
     """Time-to-first-batch from construction, then img/s over at least ``n_images`` after warm-up
-    (epochs are restarted as needed, as a training loop would)."""
+    (epochs are restarted as needed, as a training loop would). A batch's first element is its images:
+    a tensor, or a sequence of per-image tensors (detection)."""
     gc_collect()
     mem = PeakGpuMemory()
     t0 = time.perf_counter()
@@ -175,7 +176,7 @@ def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
                 cuda_sync()
                 t_start = time.perf_counter()
                 continue
-            counted += x.shape[0]
+            counted += len(x)
             if counted >= n_images:
                 break
         if counted >= n_images:
@@ -183,8 +184,9 @@ def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
         it = iter(loader)
     cuda_sync()
     elapsed = time.perf_counter() - t_start
+    x0 = first[0] if isinstance(first[0], torch.Tensor) else first[0][0]  # (detection: the first image)
     out = dict(img_s=counted / elapsed, ttfb_s=ttfb, images=counted, gpu_mem_mb=mem.stop_mb(),
-               shape=list(first[0].shape), dtype=str(first[0].dtype), device=str(first[0].device))
+               shape=list(x0.shape), dtype=str(x0.dtype), device=str(x0.device))
     del loader, it, first
     gc_collect()
     return out

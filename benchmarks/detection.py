@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.utils.data as tud
 
-from benchmarks.common import make_data, on_gpu, rss_peak_mb, torch_device
+from benchmarks.common import make_data, on_gpu, rss_peak_mb, timed, torch_device
 
 
 def coco_of(root: str) -> tuple:
@@ -86,36 +86,17 @@ def dali_ssd(coco: tuple, batch_size: int, threads: int):
 
     p = pipe()
     p.build()
-    return DALIGenericIterator([p], ["images", "boxes", "labels"], reader_name="reader")
+    return _Pairs(DALIGenericIterator([p], ["images", "boxes", "labels"], reader_name="reader", auto_reset=True))
 
 
-def timed(make, n_images: int) -> dict:
-    import time
+class _Pairs:
+    """DALI's iterator as (images, boxes) batches, as the other loaders give them (re-iterable)."""
 
-    from benchmarks.common import PeakGpuMemory, cuda_sync, gc_collect
+    def __init__(self, it):
+        self.it = it
 
-    gc_collect()
-    mem = PeakGpuMemory()
-    t0 = time.perf_counter()
-    loader = make()
-    it = iter(loader)
-    next(it)
-    cuda_sync()
-    ttfb = time.perf_counter() - t0
-    counted, t_start = 0, None
-    while counted < n_images:
-        for batch in it:
-            images = batch[0]["images"] if isinstance(batch, list) else batch[0]
-            if t_start is None:
-                cuda_sync()
-                t_start = time.perf_counter()
-                continue
-            counted += len(images)
-            if counted >= n_images:
-                break
-        it = iter(loader)
-    cuda_sync()
-    return dict(img_s=counted / (time.perf_counter() - t_start), ttfb_s=ttfb, images=counted, gpu_mem_mb=mem.stop_mb())
+    def __iter__(self):
+        return ((b[0]["images"], b[0]["boxes"]) for b in self.it)
 
 
 def main(argv=None):

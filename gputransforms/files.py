@@ -27,7 +27,7 @@ import zlib
 from typing import Optional
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from .errors import BadSampleError, DamagedFileWarning
 
@@ -87,10 +87,6 @@ def jpeg_scan_is_valid(data: bytes) -> bool:
 
 def jpeg_complete(data: bytes) -> bool:
     """Whether a JPEG's bytes end with its EOI marker (not cut short)."""
-    return _jpeg_complete(data)
-
-
-def _jpeg_complete(data: bytes) -> bool:
     tail = data[-16:].rstrip(b"\x00\r\n ")
     return tail.endswith(b"\xff\xd9")
 
@@ -201,7 +197,7 @@ def prepare_bytes(index: int, path: str, data: bytes, *, small_jpegs_via_pil: bo
                 # CMYK/YCCK: nvJPEG's conversion to RGB is not PIL's; rare enough to hand to PIL
                 return _as_array(_pil_to_bmp(data, index, path))
             Image._decompression_bomb_check(header[:2])
-            if not _jpeg_complete(data) or (check_jpeg_scan and not jpeg_scan_is_valid(data)):
+            if not jpeg_complete(data) or (check_jpeg_scan and not jpeg_scan_is_valid(data)):
                 # PIL raises "image file is truncated" unless LOAD_TRUNCATED_IMAGES; nvJPEG decodes
                 # silently and libjpeg-turbo raises: let PIL decide, and decode it if it agrees
                 return _as_array(_pil_to_bmp(data, index, path))
@@ -236,12 +232,23 @@ def _damaged_via_pil(data: bytes, index: int, path: str, damage: str) -> bytes:
 def decoded_by_pil(index: int, path: str) -> np.ndarray:
     """The file decoded by PIL as torchvision's loader would, handed to DALI losslessly (a file DALI
     failed on); BadSampleError where PIL cannot read or decode it either."""
-    return _as_array(_pil_to_bmp(_read_sample(index, path), index, path))
+    return bytes_decoded_by_pil(index, path, _read_sample(index, path))
 
 
 def bytes_decoded_by_pil(index: int, path: str, data: bytes) -> np.ndarray:
     """``decoded_by_pil`` for an encoded image already in memory (a tar member; ``path`` names it)."""
     return _as_array(_pil_to_bmp(data, index, path))
+
+
+def pil_rgb(index: int, path: str, data: bytes, *, exif_transpose: bool = False) -> Image.Image:
+    """An encoded image in memory decoded by PIL as RGB (optionally turned by its EXIF orientation),
+    or BadSampleError naming it: what a samples object's ``load`` gives for a member or a row."""
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        return (ImageOps.exif_transpose(img) if exif_transpose else img).convert("RGB")
+    except (OSError, SyntaxError, ValueError) as e:
+        raise BadSampleError(index, path, f"cannot be decoded ({type(e).__name__}: {e})") from e
 
 
 def _as_array(data: bytes) -> np.ndarray:

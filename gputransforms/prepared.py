@@ -100,10 +100,8 @@ class PreparedReader:
         if data is not None:
             return files.prepare_bytes(i, path, data, small_jpegs_via_pil=self.gpu,
                                        check_jpeg_scan=self.check_jpeg_scan)
-        if os.path.exists(target + ".orig"):
-            return self.read(i)
         out = self.read(i)
-        if self.writable.on:
+        if self.writable.on and not os.path.exists(target + ".orig"):  # (.orig: within max_side, no copy)
             self._write(target, out.tobytes())
         return out
 

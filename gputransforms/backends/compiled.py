@@ -25,8 +25,8 @@ from ..datasets.adapters import FileSamples
 from ..device import cuda_connections_note, late_import_warning, to_device, torch_device
 from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotCompilable, SkippedSamplesWarning, \
     user_stacklevel
-from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from ..prepared import PreparedSamples
+from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads
 from .workers import TorchWorkers
 

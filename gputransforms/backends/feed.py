@@ -279,8 +279,7 @@ class ProcessEpochFeed(EpochFeed):
                     names = ", ".join(f"{i} ({self.decoders.paths[i]})" for i in batch[:4])
                     e = RuntimeError(f"gputransforms: {e}: the decode of one of samples {names} did not return")
                 self.error, self.stopped = e, True
-                # the others end now, and torch's SIGCHLD handler forgets them (else a later child's
-                # exit raises this again wherever the process is); the next epoch starts new ones
+                # the others end now; the next epoch starts new ones
                 _stop_workers(self.decoders.dl)
                 raise StopIteration from None
             kept, data = [], []

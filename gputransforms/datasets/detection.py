@@ -97,12 +97,13 @@ class DetectionSamples(FileSamples):
         from torchvision.transforms import v2
 
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
+        # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         super().__init__([paths[k] for k in index], list(index), v2.PILToTensor(), None, origin)
-        self.ds, self.index, self.joint, self.kind = ds, list(index), joint, kind
+        self.ds, self.joint, self.kind = ds, joint, kind
 
     def target(self, i: int):
         """torchvision's wrapped target of sample ``i`` (the wrapper reads only the image's size)."""
-        k = self.index[i]
+        k = self.targets[i]
         raw = self.raw_target(k)
         with Image.open(self.paths[i]) as img:  # the header: the canvas size the wrapper asks of the image
             return self.ds._wrapper(k, (img, raw))[1]
@@ -137,7 +138,6 @@ class DetectionSamples(FileSamples):
         idx = [int(i) for i in indices]
         out.paths = [self.paths[i] for i in idx]
         out.targets = [self.targets[i] for i in idx]
-        out.index = [self.index[i] for i in idx]
         return out
 
 

@@ -59,6 +59,18 @@ _TEMPLATE = _template()
 _PATTERN = _TEMPLATE.tobytes()
 
 
+def placeholder() -> Image.Image:
+    """A copy of the placeholder image a probe hands the code under study instead of a decoded file."""
+    return _TEMPLATE.copy()
+
+
+def is_placeholder(img, pixels: bool = True) -> bool:
+    """Whether ``img`` is the placeholder as handed out: a PIL image of its size and mode (``pixels``:
+    and its pattern, a copy of 1 KiB)."""
+    return isinstance(img, Image.Image) and img.size == _SIZE and img.mode == "RGB" and \
+        (not pixels or img.tobytes() == _PATTERN)
+
+
 def _path_of(fp) -> str:
     if isinstance(fp, (str, bytes, os.PathLike)):
         return os.path.abspath(os.fsdecode(fp))
@@ -73,7 +85,7 @@ def _open(fp, *args, **kwargs):
     if calls is None:  # another thread, or no probe running: PIL's own open
         return _installed[1](fp, *args, **kwargs)
     calls.append(_path_of(fp))
-    return _TEMPLATE.copy()
+    return placeholder()
 
 
 class _intercept:
@@ -187,8 +199,7 @@ def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
     img = recorder.seen[0]
     # the pixels are compared on the first indices and every 997th (a copy of 1 KiB costs half of
     # a probe); size and mode on all
-    if not isinstance(img, Image.Image) or img.size != _SIZE or img.mode != "RGB" or \
-            ((i < 64 or i % 997 == 0) and img.tobytes() != _PATTERN):
+    if not is_placeholder(img, pixels=i < 64 or i % 997 == 0):
         raise _Undiscoverable(f"changes the image between opening it and self.{attr} (a crop, a resize, a mode "
                               "other than RGB)")
     if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder or out[1] is recorder:

@@ -31,26 +31,16 @@ from .. import files
 from ..device import to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
-from .discover import Recorder, is_transform
+from .discover import Recorder, is_placeholder, is_transform, placeholder
 
 _ADVICE = ("to compile it, give the dataset ds.with_transform(fn) where fn sets batch[key] = "
            "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
 _lock = threading.Lock()
-_SIZE = (29, 19)
 
 
 def is_hf_dataset(dataset) -> bool:
     mod = sys.modules.get("datasets")
     return mod is not None and isinstance(dataset, mod.Dataset)
-
-
-def _placeholder() -> Image.Image:
-    img = Image.new("RGB", _SIZE)
-    img.putdata([(x * 7 % 256, y * 11 % 256, (x * y) % 256) for y in range(_SIZE[1]) for x in range(_SIZE[0])])
-    return img
-
-
-_PLACEHOLDER = _placeholder()
 
 
 def _names(code) -> set:
@@ -92,7 +82,7 @@ def _probe(fn, row: dict, column: str):
     chain = next(iter(chains.values()))
     recorder = Recorder()
     batch = {k: [v] for k, v in row.items()}
-    batch[column] = [_PLACEHOLDER.copy()]
+    batch[column] = [placeholder()]
     inputs = {k: batch[k] for k in batch}
     with _lock:
         for _, put in slots:
@@ -106,8 +96,7 @@ def _probe(fn, row: dict, column: str):
             for _, put in slots:
                 put(chain)
     seen = recorder.seen
-    if len(seen) != 1 or not isinstance(seen[0], Image.Image) or seen[0].size != _SIZE or seen[0].mode != "RGB" \
-            or seen[0].tobytes() != _PLACEHOLDER.tobytes():
+    if len(seen) != 1 or not is_placeholder(seen[0]):
         raise NotCompilable(f"the format transform {fn.__name__} changes the image before its transform (only "
                             ".convert('RGB') is compiled)", _ADVICE)
     if not isinstance(out, dict):
@@ -196,12 +185,8 @@ class HFSamples(FileSamples):
         return oriented if oriented is not None else files.bytes_decoded_by_pil(i, name, data)
 
     def load(self, i: int):
-        try:
-            img = Image.open(io.BytesIO(self.encoded(i)))
-            img.load()
-            return ImageOps.exif_transpose(img).convert("RGB")
-        except (OSError, SyntaxError, ValueError) as e:
-            raise files.BadSampleError(i, self.paths[i], f"cannot be decoded ({type(e).__name__}: {e})") from e
+        data, name = self._encoded(i)
+        return files.pil_rgb(i, name, data, exif_transpose=True)
 
     def select(self, indices):
         raise NotCompilable("a Hugging Face dataset inside a Subset or ConcatDataset",

@@ -16,14 +16,12 @@ resumes at the batch).
 """
 from __future__ import annotations
 
-import io
 import sys
 import tarfile
 import threading
 from typing import Any, Callable, Optional
 
 import torch
-from PIL import Image
 
 from .. import files
 from ..errors import NotCompilable
@@ -60,6 +58,7 @@ class _Pipeline:
         self.shard_list, self.splitters, self.shuffle = stages[0], [], False
         self.decoder = self.image_keys = self.label_keys = self.transform = None
         self.target_fn: Optional[Callable] = None
+        self.map_dict: Optional[dict] = None
         self.pil_rgb = False
         for stage in stages[1:]:
             self._take(stage, wds)
@@ -95,9 +94,7 @@ class _Pipeline:
                                     "to compile it, map the two fields: .map_tuple(transform, target_fn)")
             self.transform, self.target_fn = stage.args
         elif name == "map_dict" and self.image_keys is None and self.transform is None:
-            funcs = dict(stage.kw)
-            funcs.pop("handler", None)
-            self._map_dict(funcs)
+            self.map_dict = {k: f for k, f in stage.kw.items() if k != "handler"}  # (to_tuple names the image)
         else:
             raise NotCompilable(f"webdataset stage {name} ({stage!r:.80}) is not of the standard shape",
                                 "to compile it, keep to shards, shuffle, decode('pil'), to_tuple and "
@@ -115,11 +112,8 @@ class _Pipeline:
                                 "to compile it, decode with .decode('pil')")
         self.decoder, self.pil_rgb = decoder, specs == {"pilrgb"}
 
-    def _map_dict(self, funcs: dict):
-        self.pending_map_dict = funcs
-
     def finish(self):
-        funcs = getattr(self, "pending_map_dict", None)
+        funcs = self.map_dict
         if funcs is not None:
             image = [k for k in funcs if k in self.image_keys]
             label = [k for k in funcs if k in self.label_keys]
@@ -218,10 +212,7 @@ class ShardSamples(FileSamples):
 
     def load(self, i: int):
         """The member decoded by PIL as RGB, as the graph decodes it (to find the sample DALI failed on)."""
-        try:
-            return Image.open(io.BytesIO(self.read(i))).convert("RGB")
-        except (OSError, SyntaxError, ValueError) as e:
-            raise files.BadSampleError(i, self.paths[i], f"cannot be decoded ({type(e).__name__}: {e})") from e
+        return files.pil_rgb(i, self.paths[i], self.read(i))
 
     def select(self, indices):
         raise NotCompilable("a webdataset pipeline inside a Subset or ConcatDataset",
