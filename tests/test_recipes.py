@@ -292,3 +292,42 @@ def test_published_recipe_flag_sets_run(photo_folder, device, use_v2, model):
     x, _ = next(iter(DataLoader(datasets.ImageFolder(str(photo_folder), transform=evaluation), batch_size=8,
                                 device=device)))
     assert x.shape == (8, 3, val_crop, val_crop)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_auto_augment_build_rewrites_only_what_branches(photo_folder, device, monkeypatch):
+    """#37: an auto-augment graph's build time went to AutoGraph rewriting every function the
+    definition calls and to DALI recording each operator's Python stack. Only the functions that
+    branch on a DataNode are rewritten now (DALI's selection, the policies' ``apply_*``, our graph,
+    the lowerings that call them and timm's ``_switch``), and DALI's settings are as they were after."""
+    api = pytest.importorskip("nvidia.dali._autograph.impl.api")
+    from nvidia.dali._autograph.core import config
+    from nvidia.dali._utils import dali_trace
+
+    rewritten = set()
+    real = api._convert_actual
+
+    def spy(entity, program_ctx):
+        rewritten.add(f"{entity.__module__}.{entity.__qualname__}")
+        return real(entity, program_ctx)
+
+    monkeypatch.setattr(api, "_convert_actual", spy)
+    rules, traced = config.CONVERSION_RULES, dali_trace.is_tracing_enabled()
+    chains = [T.Compose([T.RandomResizedCrop(64), T.TrivialAugmentWide(), T.PILToTensor()]),
+              T.Compose([T.Resize((64, 64)), T.RandAugment(), T.AutoAugment(), T.PILToTensor()])]
+    timm_aa = pytest.importorskip("timm.data.auto_augment")
+    chains.append(T.Compose([T.Resize((64, 64)), timm_aa.rand_augment_transform("rand-m9-mstd0.5-inc1", {"interpolation": 2}),
+                             T.PILToTensor()]))
+    for tf in chains:
+        dl = DataLoader(datasets.ImageFolder(photo_folder, transform=tf), batch_size=4, device=device)
+        assert "per sample" not in dl.explain()
+        next(iter(dl))
+    assert config.CONVERSION_RULES == rules and dali_trace.is_tracing_enabled() == traced
+    allowed = {"gputransforms.compiler.dali.build_pipeline.<locals>.graph",
+               "gputransforms.compiler.dali._trivial_augment_wide", "gputransforms.compiler.dali._rand_augment",
+               "gputransforms.compiler.dali._auto_augment", "gputransforms.compiler.timm_augment.lower",
+               "gputransforms.compiler.timm_augment._switch"}
+    ours = {name for name in rewritten if name.startswith("gputransforms.")}
+    assert ours == allowed, ours ^ allowed
+    dalis = {name.rsplit(".", 2)[-2] for name in rewritten - ours}
+    assert dalis <= {"trivial_augment", "rand_augment", "auto_augment", "_select", "_utils"}, dalis

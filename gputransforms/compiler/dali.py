@@ -8,6 +8,7 @@ are computed from them with torchvision's integer arithmetic, not DALI's own rou
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
@@ -19,7 +20,7 @@ import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
-from nvidia.dali.pipeline import Pipeline
+from nvidia.dali.pipeline import Pipeline, do_not_convert
 
 from . import timm_augment
 from .dali_scalars import Scalar, as_float, as_int, int_vector, is_node, select, smax, smin
@@ -243,6 +244,7 @@ def _crop_mirror_normalize(g: _Graph, step: Step, **_) -> None:
     g.img = fn.crop_mirror_normalize(g.img, **kw)
 
 
+@do_not_convert
 def torchvision_augmentation_space(policy: str) -> dict:
     """torchvision's augmentation spaces (``_augmentation_space`` of TrivialAugmentWide, and of
     RandAugment and AutoAugment: magnitude ranges, which operations take a random sign), keyed by
@@ -304,6 +306,7 @@ def _equalize():
     return equalize
 
 
+@do_not_convert
 def _suite(policy: str) -> list:
     space = torchvision_augmentation_space(policy)
     del space["Invert"]
@@ -366,6 +369,68 @@ LOWER: dict[str, Callable] = {
 }
 
 
+#: the lowerings that branch per sample on a DataNode (a Python ``if`` DALI's conditionals rewrite)
+CONDITIONAL = ("trivial_augment_wide", "rand_augment", "auto_augment", "timm_augment")
+
+#: DALI's auto_aug modules whose functions never branch on a DataNode: the augmentations and the
+#: magnitude arithmetic (only ``core._select`` and the policies' ``apply_*`` do)
+_NO_BRANCHES = ("nvidia.dali.auto_aug.augmentations", "nvidia.dali.auto_aug.core._augmentation",
+                "nvidia.dali.auto_aug.core._args")
+
+
+@contextlib.contextmanager
+def _quick_trace():
+    """What DALI does per traced function and per operator that our graphs do not need, off for this
+    build (#37: a TrivialAugmentWide graph's first batch took 4.3 s on a 2-core CPU, now 0.6):
+
+    - AutoGraph (DALI's conditionals) rewrites every function a conditional definition calls unless
+      told not to: parsing and transforming each one's source took 2.6 s. Only the functions that
+      branch on a DataNode need it, so the others run as written: DALI's augmentations and
+      magnitude arithmetic (by module, here) and our lowerings outside the auto-augment family
+      (``do_not_convert``, in ``graph`` and on helpers).
+    - Each operator records the Python stack that defined it, for DALI's error messages (about 1 ms
+      an operator; an auto-augment graph has hundreds): ours name the samples and the transform."""
+    from nvidia.dali._autograph.core import config
+
+    try:
+        from nvidia.dali._utils import dali_trace
+    except ImportError:  # a DALI without origin tracing
+        dali_trace = None
+    saved = config.CONVERSION_RULES
+    traced = dali_trace.is_tracing_enabled() if dali_trace else False
+    config.CONVERSION_RULES = tuple(config.DoNotConvert(m) for m in _NO_BRANCHES) + saved
+    if traced:
+        dali_trace.set_tracing(enabled=False)
+    try:
+        yield
+    finally:
+        config.CONVERSION_RULES = saved
+        if traced:
+            dali_trace.set_tracing(enabled=True)
+
+
+@do_not_convert
+def _encoded(plan: Plan, source: Optional[Callable], reader: Optional[Callable], no_copy: bool):
+    """The graph's input node(s): encoded files (or a clip's bytes or frames) from ``source``, or ``reader()``."""
+    if reader is not None:
+        encoded = reader()
+    elif plan.steps[0].op == "video_decode":  # (bytes, frame indices, size) or (frames, size)
+        if plan.steps[0].args.get("decoder") == "nvdec":
+            encoded = fn.external_source(source=source, batch=True, num_outputs=3, dtype=[
+                types.UINT8, types.INT32, types.INT32], ndim=[1, 1, 1], no_copy=no_copy)
+        elif plan.steps[0].args.get("frames") == "yuv420":  # (luma, chroma, [M T], size)
+            encoded = fn.external_source(source=source, batch=True, num_outputs=4, dtype=[
+                types.UINT8, types.UINT8, types.FLOAT, types.INT32], ndim=[4, 4, 2, 1],
+                layout=["FHWC", "FHWC", "", ""], no_copy=no_copy)
+        else:
+            encoded = fn.external_source(source=source, batch=True, num_outputs=2, dtype=[
+                types.UINT8, types.INT32], ndim=[4, 1], layout=["FHWC", ""], no_copy=no_copy)
+    else:
+        encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
+                                     no_copy=no_copy)
+    return encoded
+
+
 def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch_size: int, num_threads: int,
                    seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
                    hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
@@ -390,28 +455,13 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
                   seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
                   enable_checkpointing=plan.checkpointable,
-                  enable_conditionals=any(s.op in ("trivial_augment_wide", "rand_augment", "auto_augment", "timm_augment")
-                                              for s in plan.steps))
-    def graph():
-        if reader is not None:
-            encoded = reader()
-        elif plan.steps[0].op == "video_decode":  # (bytes, frame indices, size) or (frames, size)
-            if plan.steps[0].args.get("decoder") == "nvdec":
-                encoded = fn.external_source(source=source, batch=True, num_outputs=3, dtype=[
-                    types.UINT8, types.INT32, types.INT32], ndim=[1, 1, 1], no_copy=no_copy)
-            elif plan.steps[0].args.get("frames") == "yuv420":  # (luma, chroma, [M T], size)
-                encoded = fn.external_source(source=source, batch=True, num_outputs=4, dtype=[
-                    types.UINT8, types.UINT8, types.FLOAT, types.INT32], ndim=[4, 4, 2, 1],
-                    layout=["FHWC", "FHWC", "", ""], no_copy=no_copy)
-            else:
-                encoded = fn.external_source(source=source, batch=True, num_outputs=2, dtype=[
-                    types.UINT8, types.INT32], ndim=[4, 1], layout=["FHWC", ""], no_copy=no_copy)
-        else:
-            encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
-                                         no_copy=no_copy)
+                  enable_conditionals=any(s.op in CONDITIONAL for s in plan.steps))
+    def graph():  # AutoGraph rewrites this body in a conditional graph: the rest lives outside it
+        encoded = _encoded(plan, source, reader, no_copy)
         g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded, raw_output=raw_output)
         for step in plan.steps:
-            LOWER[step.op](g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
+            lower = LOWER[step.op] if step.op in CONDITIONAL else do_not_convert(LOWER[step.op])
+            lower(g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
         return g.img
 
     with warnings.catch_warnings():
@@ -423,6 +473,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
         warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external source")
         # a clip's size is fed for the steps that need it (a shorter-side resize, a crop); others do not
         warnings.filterwarnings("ignore", message=r"The external source node .* produces \d+ outputs, but the output")
-        pipe = graph(checkpoint=checkpoint) if checkpoint is not None else graph()
-        pipe.build()
+        with _quick_trace():
+            pipe = graph(checkpoint=checkpoint) if checkpoint is not None else graph()
+            pipe.build()
     return pipe

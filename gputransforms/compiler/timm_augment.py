@@ -114,23 +114,43 @@ def describe(t) -> dict:
 # split at every level of the tree above it), keeps magnitudes without noise as Python numbers, and
 # builds a shear's or translation's matrix as one constant combination.
 
+def _plain(f):
+    """DALI's ``do_not_convert``: ``f`` never branches on a DataNode, so AutoGraph need not rewrite
+    it (what costs the build time: compiler/dali.py ``_quick_trace``)."""
+    try:
+        from nvidia.dali.pipeline import do_not_convert
+    except ImportError:  # planning without DALI installed
+        return f
+    return do_not_convert(f)
+
+
 def lower(g, step, **_) -> None:
+    a = step.args
+    draws = _draws(a)
+    img = g.img
+    for j in range(a["layers"]):
+        chosen, layer = _layer(a, draws, j)
+        img = _switch(g, chosen, 0, len(a["ops"]), img, a["ops"], layer)
+    g.img = img
+
+
+@_plain
+def _draws(a: dict) -> dict:
+    """The random draws of all layers: the op index (or sub-policy), the coin, sign, magnitude noise."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
-    a = step.args
-    ops, n_layers = a["ops"], a["layers"]
+    ops, shape = a["ops"], (a["layers"],)
     k = len(ops)
-    shape = (n_layers,)
     if a["mode"] == "rand":
         if a["weights"] is not None:
             pick = fn.random.choice(k, p=a["weights"], shape=shape)
         else:
             pick = fn.random.uniform(values=list(range(k)), shape=shape, dtype=types.INT32)
     else:
-        sub = fn.random.uniform(values=list(range(len(a["table"][0]))), dtype=types.INT32)
+        pick = fn.random.uniform(values=list(range(len(a["table"][0]))), dtype=types.INT32)
     noisy = [op for op in ops if op["mstd"] > 0]
-    draws = dict(apply=fn.random.uniform(range=[0.0, 1.0], shape=shape),
+    draws = dict(pick=pick, apply=fn.random.uniform(range=[0.0, 1.0], shape=shape),
                  sign=fn.cast(fn.random.coin_flip(probability=0.5, shape=shape), dtype=types.FLOAT) * -2.0 + 1.0)
     if any(not math.isinf(op["mstd"]) for op in noisy):
         draws["normal"] = fn.random.normal(shape=shape)
@@ -138,30 +158,37 @@ def lower(g, step, **_) -> None:
         draws["uniform"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)  # magnitudes when mstd is infinite
     if any(op["name"] == "GaussianBlurRand" for op in ops):
         draws["blur"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)
-    shared = len({(op["magnitude"], op["mstd"], op["upper"]) for op in ops}) == 1
+    return draws
+
+
+@_plain
+def _layer(a: dict, draws: dict, j: int):
+    """Layer ``j``'s chosen op per sample (``len(ops)``: none) and the nodes its branches read."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    ops = a["ops"]
+    k = len(ops)
+    if a["mode"] == "rand":
+        idx = draws["pick"][j]
+    else:
+        idx = fn.lookup_table(draws["pick"], keys=list(range(len(a["table"][j]))), values=a["table"][j],
+                              dtype=types.INT32, default_value=k)
+    layer = {key: node[j] for key, node in draws.items() if key != "pick"}
+    coin = layer.pop("apply")
+    if len({(op["magnitude"], op["mstd"], op["upper"]) for op in ops}) == 1:
+        # one level for every op of the layer; the branches get only its signed copy
+        # (each node a branch reads is split at every level of the tree above it)
+        layer = dict(signed=_level_of(ops[0], layer) * layer["sign"],
+                     **({"blur": layer["blur"]} if "blur" in layer else {}))
     probs = [op["prob"] for op in ops]
-    img = g.img
-    for j in range(n_layers):
-        if a["mode"] == "rand":
-            idx = pick[j]
-        else:
-            idx = fn.lookup_table(sub, keys=list(range(len(a["table"][j]))), values=a["table"][j],
-                                  dtype=types.INT32, default_value=k)
-        layer = {key: node[j] for key, node in draws.items()}
-        coin = layer.pop("apply")
-        if shared:  # one level for every op of the layer; the branches get only its signed copy
-            # (each node a branch reads is split at every level of the tree above it)
-            layer = dict(signed=_level_of(ops[0], layer) * layer["sign"],
-                         **({"blur": layer["blur"]} if "blur" in layer else {}))
-        if len(set(probs)) == 1:
-            applied = coin < probs[0]
-        else:
-            p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
-            applied = coin < p
-        on = fn.cast(applied, dtype=types.INT32)
-        chosen = on * idx + (1 - on) * k  # k: not applied (or no op at this position)
-        img = _switch(g, chosen, 0, k, img, ops, layer)
-    g.img = img
+    if len(set(probs)) == 1:
+        applied = coin < probs[0]
+    else:
+        p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
+        applied = coin < p
+    on = fn.cast(applied, dtype=types.INT32)
+    return on * idx + (1 - on) * k, layer  # k: not applied (or no op at this position)
 
 
 def _switch(g, chosen, lo: int, hi: int, img, ops: list, layer: dict):
@@ -322,6 +349,7 @@ def _warp_matrix(g, op: dict, layer: dict):
     return v * _const(g, unit, "cpu") + _const(g, [[1, 0, 0], [0, 1, 0]], "cpu")
 
 
+@_plain
 def _apply(g, img, op: dict, layer: dict):
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
