@@ -440,13 +440,10 @@ def write_coco(folder, out, *, seed: int = 0, max_boxes: int = 6, empty_every: i
         y0, y1 = sorted(int(v) for v in rng.integers(0, h, 2))
         mask = np.zeros((h, w), dtype=np.uint8)
         mask[y0:y1 + 1, x0:x1 + 1] = 1
-        flat, counts, run, val = mask.flatten(order="F"), [], 0, 0
-        for v in flat:
-            if v != val:
-                counts.append(run)
-                run, val = 0, v
-            run += 1
-        counts.append(run)
+        flat = mask.flatten(order="F")
+        edges = np.flatnonzero(np.diff(flat)) + 1  # where a run ends; the first run counts zeros
+        bounds = np.concatenate([[0], edges, [flat.size]])
+        counts = ([0] if flat[0] else []) + np.diff(bounds).tolist()
         anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": 1, "iscrowd": 1,
                      "bbox": [x0, y0, x1 - x0 + 1, y1 - y0 + 1], "area": float(mask.sum()),
                      "segmentation": {"counts": counts, "size": [h, w]}})
