@@ -4,6 +4,8 @@ DALI's experimental torchvision API, and gputransforms (ImageFolder, ImageList, 
 ``pipeline(name)`` resolves a name with its variant suffixes (``-hwNN``, ``-qN``, ...)."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torchvision
 
@@ -151,6 +153,22 @@ def run_gputransforms(root, chain, batch_size, threads, graph_normalizes=False, 
         return dl
 
     return make
+
+
+def run_gputransforms_prepared(root, chain, batch_size, threads, max_side=256, quality=90):
+    """Ours with ``prepared=PreparedCopy`` (longest side ``max_side``). The copies are written by one
+    untimed epoch here, before the timed loader is built: what is timed is a later epoch's speed."""
+    import tempfile
+
+    from gputransforms import DataLoader, PreparedCopy, datasets
+    from gputransforms import transforms as T
+
+    cache = os.path.join(tempfile.gettempdir(), f"gputransforms-prepared-{max_side}-{quality}")
+    copy = PreparedCopy(cache, max_side=max_side, quality=quality)
+    ds = datasets.ImageFolder(root, transform=CHAINS[chain](T))
+    for _ in DataLoader(ds, batch_size=batch_size, num_workers=threads, prepared=copy):
+        pass
+    return run_gputransforms(root, chain, batch_size, threads, prepared=copy)
 
 
 def _two_labels(root):
@@ -332,7 +350,8 @@ def pipeline(name: str):
     """``PIPELINES[name]``, or a variant of gputransforms/dali-handwritten by suffix: ``-hwNN``, the
     hardware JPEG decoder's share at NN% (default 90; less of it leaves more to nvJPEG's CUDA decoder
     and the CPU threads that parse for it); ``-qN``, N batches prepared ahead (gputransforms'
-    prefetch_factor, default 4; hand-written DALI's prefetch_queue_depth, default 2); and for
+    prefetch_factor, default 4; hand-written DALI's prefetch_queue_depth, default 2); for gputransforms
+    ``-prepNNN``, a prepared copy of longest side NNN (written by an untimed first epoch); and for
     dali-handwritten ``-cpuNN``, NN% of the images (a coin per image) decoded and resized by DALI's CPU
     operators in a conditional (a probe of CPU decoders beside the GPU's, README "Training end to
     end": it loses; a batch whose coins all send it to the CPU would crash DALI 2.4, whose GPU
@@ -345,10 +364,12 @@ def pipeline(name: str):
             return lambda *a: PIPELINES[base](*a, hw_decoder_load=int(var[2:]) / 100)
         if var.startswith("cpu") and var[3:].isdigit() and base == "dali-handwritten":
             return lambda *a: PIPELINES[base](*a, cpu_decode_share=int(var[3:]) / 100)
+        if var.startswith("prep") and var[4:].isdigit() and base == "gputransforms":
+            return lambda *a: run_gputransforms_prepared(*a, max_side=int(var[4:]))
         if var.startswith("q") and var[1:].isdigit():
             kw = "prefetch_factor" if base == "gputransforms" else "prefetch_queue_depth"
             return lambda *a: PIPELINES[base](*a, **{kw: int(var[1:])})
     raise KeyError(f"no pipeline {name!r}: {', '.join(PIPELINES)}, or gputransforms/dali-handwritten-hwNN/-qN, "
-                   "dali-handwritten-cpuNN")
+                   "dali-handwritten-cpuNN, gputransforms-prepNNN")
 
 
