@@ -196,3 +196,27 @@ def test_what_is_not_lowered_runs_timms_code(photo_folder, make, why):
     assert type(p.tail[0]).__name__ == "RandAugment" and why in p.tail_reason, p.explain()
     x, _ = next(iter(DataLoader(datasets.ImageFolder(str(photo_folder), transform=tf), batch_size=8, device="cpu")))
     assert x.shape == (8, 3, SIZE, SIZE) and x.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("names", [
+    ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"),
+    ("ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"),
+    ("Color", "Contrast", "Brightness", "Sharpness", "TranslateX", "TranslateY", "Invert"),
+])
+def test_merged_leaves_are_each_ops_own_result(photo_folder, device, names):
+    """The warps, and PIL's enhance ops, each run as one leaf of the graph's switch (#35: fewer
+    operators): the images are bit for bit those of one branch per op, with the same draws."""
+    from gputransforms.compiler import timm_augment
+
+    ops = [aa.AugmentOp(n, prob=1.0, magnitude=7, hparams=dict(HPARAMS, magnitude_std=0.5)) for n in names]
+    tf = chain(aa.RandAugment(ops, num_layers=2))
+    leaves, leaf_of = timm_augment._leaves([s for s in plan(tf).steps if s.op == "timm_augment"][0].args["ops"])
+    assert leaf_of is not None and len(leaves) < len(names)
+    torch.manual_seed(0)
+    merged = ours(photo_folder, tf, device, epochs=2)
+    with mock.patch.object(timm_augment, "_leaves", lambda ops: (ops, None)):
+        torch.manual_seed(0)
+        apart = ours(photo_folder, tf, device, epochs=2)
+    assert torch.equal(merged, apart)
+    assert (merged != ours(photo_folder, chain(T.Lambda(lambda x: x)), device, epochs=2)).any()

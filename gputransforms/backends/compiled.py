@@ -173,12 +173,12 @@ class CompiledGraph(Backend):
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def __del__(self):
+    def __del__(self, _finalizing=sys.is_finalizing):
         # the loader and every iterator over it are gone: stop the reader threads without waiting
         # (nothing is asked of them). Not at interpreter exit: they are daemon threads, and the
-        # modules they use may already be gone.
+        # modules they use may already be gone (``sys`` among them: hence the default argument).
         pool = getattr(self, "pool", None)
-        if pool is not None and not sys.is_finalizing():
+        if pool is not None and not _finalizing():
             pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -32,6 +32,8 @@ from .chain import NotLowerable
 _LEVEL_DENOM = 10.0
 _GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
 _SIGNED = _GEOMETRIC | {"ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"}
+_BLENDS = {"Color", "Contrast", "Brightness", "Sharpness", "ColorIncreasing", "ContrastIncreasing",
+           "BrightnessIncreasing", "SharpnessIncreasing"}
 SUPPORTED = _GEOMETRIC | {
     "AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "PosterizeOriginal", "Solarize",
     "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing",
@@ -127,11 +129,42 @@ def _plain(f):
 def lower(g, step, **_) -> None:
     a = step.args
     draws = _draws(a)
+    leaves, leaf_of = _leaves(a["ops"])
     img = g.img
     for j in range(a["layers"]):
-        chosen, layer = _layer(a, draws, j)
-        img = _switch(g, chosen, 0, len(a["ops"]), img, a["ops"], layer)
+        chosen, layer = _layer(g, a, draws, j, leaf_of)
+        img = _switch(g, chosen, 0, len(leaves), img, leaves, layer)
     g.img = img
+
+
+@_plain
+def _leaves(ops: list) -> tuple:
+    """The switch's leaves and, where they differ from ``ops``, each op's leaf (the identity last).
+    The warps (rotation, shears, translations) are one leaf when they share interpolation, fill and
+    magnitude: each sample's matrix is built before the switch (``_warps_matrix``), and one warp runs
+    on the samples that chose any of them. A branch costs a few operators per level of the tree for
+    each node it reads, and each operator costs about the same per batch whatever its size: five warp
+    branches of two layers were 244 of timm RandAugment's 634 operators."""
+    def group(names, same):
+        members = [i for i, op in enumerate(ops) if op["name"] in names]
+        if len(members) < 2 or len({same(ops[i]) for i in members}) > 1:
+            return []
+        return members
+
+    magnitude = lambda op: (op["magnitude"], op["mstd"], op["upper"])  # noqa: E731
+    groups = {"Warps": group(_GEOMETRIC, lambda op: (op["interp"], tuple(op["fill"]), magnitude(op))),
+              "Blends": group(_BLENDS, lambda op: (op["name"].endswith("Increasing"), magnitude(op)))}
+    if not any(groups.values()):
+        return ops, None
+    leaves, leaf_of = [], []
+    for i, op in enumerate(ops):
+        name = next((g for g, members in groups.items() if i in members), None)
+        if name is None:
+            leaves.append(op)
+        elif i == groups[name][0]:
+            leaves.append(dict(op, name=name, names=[o["name"] for o in ops]))  # (each index's op)
+        leaf_of.append(len(leaves) - 1 if name is None or i == groups[name][0] else leaf_of[groups[name][0]])
+    return leaves, leaf_of + [len(leaves)]
 
 
 @_plain
@@ -162,8 +195,8 @@ def _draws(a: dict) -> dict:
 
 
 @_plain
-def _layer(a: dict, draws: dict, j: int):
-    """Layer ``j``'s chosen op per sample (``len(ops)``: none) and the nodes its branches read."""
+def _layer(g, a: dict, draws: dict, j: int, leaf_of):
+    """Layer ``j``'s chosen leaf per sample (the last index: none) and the nodes its branches read."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
@@ -188,7 +221,54 @@ def _layer(a: dict, draws: dict, j: int):
         p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
         applied = coin < p
     on = fn.cast(applied, dtype=types.INT32)
-    return on * idx + (1 - on) * k, layer  # k: not applied (or no op at this position)
+    chosen = on * idx + (1 - on) * k  # k: not applied (or no op at this position)
+    if leaf_of is None:
+        return chosen, layer
+    merged = [ops[i] for i in range(k) if leaf_of.count(leaf_of[i]) > 1]
+    warp = next((op for op in merged if op["name"] in _GEOMETRIC), None)
+    blend = next((op for op in merged if op["name"] in _BLENDS), None)
+    if warp is not None:
+        layer["matrix"] = _warps_matrix(g, ops, idx, _signed(warp, layer))
+    if blend is not None:  # the blends' factor (they share it) and, inside the leaf, which degenerate
+        layer["factor"], layer["idx"] = _argument(blend, layer), idx
+    return fn.lookup_table(chosen, keys=list(range(k + 1)), values=leaf_of, dtype=types.INT32, default_value=k), layer
+
+
+def _warps_matrix(g, ops: list, idx, s):
+    """Each sample's inverse map for whichever warp ``idx`` names (identity for the other ops), from
+    its signed level ``s``: a rotation by ``s * rot`` about the centre, plus ``s * shx`` and
+    ``s * shy`` (shears) and ``s * tx`` and ``s * ty`` (translations) on their entries, with each
+    op's factors looked up by index (zero for the others). For a single op this is the matrix of
+    ``_warp_matrix`` to the bit (``cos 0 = 1``, ``sin 0 = 0``, ``x + 0 = x``)."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+    import nvidia.dali.types as types
+
+    from .dali_scalars import as_float, is_node
+
+    w, h = as_float(g.w), as_float(g.h)
+
+    def table(value):
+        vals = [float(value(op)) if op["name"] in _GEOMETRIC else 0.0 for op in ops]
+        return fn.lookup_table(idx, keys=list(range(len(ops))), values=vals, dtype=types.FLOAT, default_value=0.0)
+
+    def shift(rel: str, absolute: str, size):  # a translation's pixels per unit of level
+        pct = table(lambda op: op["translate_pct"] if op["name"] == rel else 0.0)
+        const = table(lambda op: op["translate_const"] if op["name"] == absolute else 0.0)
+        if not is_node(size):
+            pct = table(lambda op: size * op["translate_pct"] if op["name"] == rel else 0.0)
+            return pct + const if any(op["name"] == absolute for op in ops) else pct
+        return pct * size + const
+
+    rad = s * table(lambda op: -30.0 * math.pi / 180.0 if op["name"] == "Rotate" else 0.0)
+    c, n = dmath.cos(rad), dmath.sin(rad)
+    keep = 1.0 - c
+    cx, cy = w * 0.5, h * 0.5
+    shx = table(lambda op: 0.3 if op["name"] == "ShearX" else 0.0)
+    shy = table(lambda op: 0.3 if op["name"] == "ShearY" else 0.0)
+    entries = [c, n + s * shx, keep * cx - n * cy + s * shift("TranslateXRel", "TranslateX", w),
+               n * -1.0 + s * shy, c, keep * cy + n * cx + s * shift("TranslateYRel", "TranslateY", h)]
+    return fn.reshape(fn.stack(*entries), shape=[2, 3])
 
 
 def _switch(g, chosen, lo: int, hi: int, img, ops: list, layer: dict):
@@ -358,6 +438,10 @@ def _apply(g, img, op: dict, layer: dict):
     from .dali_scalars import is_node, smax
 
     name = op["name"]
+    if name == "Warps":  # the warps as one leaf: each sample's matrix is built before the switch
+        return _warp(g, img, layer["matrix"], op)
+    if name == "Blends":  # PIL's ImageEnhance ops as one leaf: a blend with the sample's own degenerate
+        return _blends(g, img, op["names"], layer)
     if name in _GEOMETRIC:
         return _warp(g, img, _warp_matrix(g, op, layer), op)
     if name == "Invert":
@@ -390,10 +474,43 @@ def _apply(g, img, op: dict, layer: dict):
     if name in ("Color", "ColorIncreasing", "Desaturate"):  # blend with PIL's grey (L) image
         return _blend(_luma(g, x), x, factor)
     if name in ("Contrast", "ContrastIncreasing"):  # blend with the rounded mean of the L image
-        mean = dmath.floor(fn.reductions.mean(_luma(g, x), axis_names="HW", keep_dims=True) + 0.5)
-        return _blend(mean, x, factor)
+        return _blend(_mean_grey(_luma(g, x)), x, factor)
     if name in ("Sharpness", "SharpnessIncreasing"):  # blend with PIL's SMOOTH filter, rounded
-        smooth = _const(g, [[1 / 13, 1 / 13, 1 / 13], [1 / 13, 5 / 13, 1 / 13], [1 / 13, 1 / 13, 1 / 13]])
-        degenerate = dmath.floor(fn.filter(x, smooth, border="clamp") + 0.5)
-        return _blend(degenerate, x, factor)
+        return _blend(_smooth(g, x), x, factor)
     raise AssertionError(name)  # describe() admits only SUPPORTED names
+
+
+def _mean_grey(luma):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+
+    return dmath.floor(fn.reductions.mean(luma, axis_names="HW", keep_dims=True) + 0.5)
+
+
+def _smooth(g, x):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+
+    kernel = _const(g, [[1 / 13, 1 / 13, 1 / 13], [1 / 13, 5 / 13, 1 / 13], [1 / 13, 1 / 13, 1 / 13]])
+    return dmath.floor(fn.filter(x, kernel, border="clamp") + 0.5)
+
+
+def _blends(g, img, names: list, layer: dict):
+    """Colour, contrast, brightness and sharpness as one leaf: ``degenerate = luma * [Color] +
+    mean grey * [Contrast] + smooth * [Sharpness]`` (0 for Brightness), each weight 1 for the op the
+    sample drew and 0 otherwise (looked up from its op index), then PIL's blend with the shared
+    factor: the single op's result to the bit (``v * 0 = 0``, ``v + 0 = v``)."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    def weight(these):
+        vals = [1.0 if name in these else 0.0 for name in names]
+        return _dev(g, fn.lookup_table(layer["idx"], keys=list(range(len(names))), values=vals, dtype=types.FLOAT,
+                                       default_value=0.0))
+
+    x = fn.cast(img, dtype=types.FLOAT)
+    luma = _luma(g, x)
+    degenerate = (luma * weight({"Color", "ColorIncreasing"})
+                  + _mean_grey(luma) * weight({"Contrast", "ContrastIncreasing"})
+                  + _smooth(g, x) * weight({"Sharpness", "SharpnessIncreasing"}))
+    return _blend(degenerate, x, _dev(g, layer["factor"]))
