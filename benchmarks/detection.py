@@ -82,7 +82,9 @@ def dali_ssd(coco: tuple, batch_size: int, threads: int):
         images = fn.resize(images, resize_x=300, resize_y=300)
         images = fn.crop_mirror_normalize(images, mirror=flip, dtype=types.FLOAT, output_layout="CHW",
                                           mean=[0.0] * 3, std=[255.0] * 3)
-        return images, boxes.gpu(), labels.gpu()
+        # ragged per-image boxes: padded to the batch's most (DALI's iterator takes dense batches; its
+        # SSD example encodes them against anchors instead)
+        return images, fn.pad(boxes, fill_value=-1.0).gpu(), fn.pad(labels, fill_value=-1).gpu()
 
     p = pipe()
     p.build()
