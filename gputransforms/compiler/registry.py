@@ -12,12 +12,13 @@ An ``Entry`` says, for one class:
 A class is looked up by its exact type. A user's subclass gets its base's entry only where its
 behaviour is provably the base's (``chain.user_override``: it overrides none of forward, __call__,
 get_params, make_params, transform, ...); otherwise it has none, and runs as the user wrote it.
-timm's classes join the table on the first lookup, so importing gputransforms does not import timm.
+timm's classes join the table on the first lookup after timm's transforms were imported: neither
+importing gputransforms nor planning a chain without timm imports timm.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
+import sys
 from typing import Callable, Optional
 
 import torchvision.transforms as tv1
@@ -94,13 +95,22 @@ _register_random_p(tv1.RandomGrayscale, tv2.RandomGrayscale, lambda t, y: F1.rgb
                    lambda t, y: F2.rgb_to_grayscale(y, y.shape[-3]))
 
 
-@functools.lru_cache(maxsize=None)  # on first lookup: importing gputransforms does not import timm
+_timm_registered = False
+
+
 def _register_timm() -> None:
+    """timm's entries, on the first lookup after timm's transforms were imported: a timm object can
+    only exist then (its module imports ``timm.data``). Importing timm here instead cost every loader
+    of a chain without timm 1.1 s on the H100 host (timm imports huggingface_hub and its models)."""
+    global _timm_registered
+    if _timm_registered or "timm.data" not in sys.modules:
+        return
+    _timm_registered = True
     try:
         from timm.data.auto_augment import AutoAugment, RandAugment
         from timm.data.random_erasing import RandomErasing
         from timm.data import transforms as timm_transforms
-    except ImportError:  # timm is optional
+    except ImportError:  # timm.data half-imported or an unexpected layout: no timm entries
         return
     register((timm_transforms.RandomResizedCropAndInterpolation,), dali=lowerings.timm_random_resized_crop)
     register((RandAugment, AutoAugment), dali=lowerings.timm_auto_augment)
