@@ -56,6 +56,11 @@ KINDS = {torchvision.datasets.CocoDetection: _coco, torchvision.datasets.VOCDete
          torchvision.datasets.VOCSegmentation: _voc_segmentation}
 
 
+#: joint transforms whose per-sample cost in the main thread exceeds what torch's worker processes
+#: spread over many cores (benchmarks/detection.py on the H100 host: docs/performance.md)
+_HEAVY = {"RandomIoUCrop", "RandomZoomOut", "RandomPhotometricDistort"}
+
+
 def is_detection(dataset) -> bool:
     """A torchvision v2 wrapper around one of ``KINDS`` (its class exactly: a subclass may read otherwise)."""
     return isinstance(dataset, _wrapper_class()) and type(dataset._dataset) in KINDS
@@ -129,8 +134,14 @@ class DetectionSamples(FileSamples):
         if self.joint is None:
             return None
         names = [type(t).__name__ for t in _steps(self.joint)]
-        return (f"{', '.join(names)} run(s) per sample on the decoded images with torchvision's kernels (boxes "
+        note = (f"{', '.join(names)} run(s) per sample on the decoded images with torchvision's kernels (boxes "
                 "and masks follow the pixels as in torchvision; the graph decodes)")
+        heavy = [n for n in names if n in _HEAVY]
+        if heavy:
+            note += (f"; {', '.join(heavy)} cost more in one thread than across many worker processes: with "
+                     "many CPU cores, torch's own DataLoader is faster for this chain (H100 host, 16 workers: "
+                     "the ssd preset 161 img/s there against 60-69 here, ssdlite 462 against 98)")
+        return note
 
     def select(self, indices) -> "DetectionSamples":
         out = DetectionSamples.__new__(DetectionSamples)
