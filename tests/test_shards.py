@@ -207,3 +207,36 @@ def test_a_reader_thread_keeps_a_few_shards_open(shards):
         reader(i)
         assert len(samples._opened.handles) <= 2
     assert len(samples._opened.handles) == 2
+
+
+def test_shards_on_an_s3_server(shards, monkeypatch):
+    """Shards named by s3:// URLs, read from a real S3-compatible server running on this machine
+    (moto's), configured as fsspec users configure s3fs (``fsspec.config.conf["s3"]``, or the
+    ``FSSPEC_S3_*`` environment variables): the same batches as the local files give torch's
+    DataLoader, and a member is named by its URL."""
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    import fsspec
+
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        options = dict(endpoint_url=f"http://{host}:{port}", key="testing", secret="testing")
+        monkeypatch.setitem(fsspec.config.conf, "s3", options)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        fs = fsspec.filesystem("s3", skip_instance_cache=True)
+        fs.mkdir("gt-shards")
+        for p in shards[1]:
+            fs.put(p, f"gt-shards/{p.rsplit('/', 1)[1]}")
+        urls = [f"s3://gt-shards/shard-{k:06d}.tar" for k in range(4)]
+        loader = DataLoader(pipeline(urls), batch_size=8, device="cpu")
+        assert loader.backend == "dali", loader.reason
+        ours = list(loader)
+        theirs = torch_epoch(pipeline(shards[0]))
+        assert len(ours) == len(theirs) == 6
+        for (x, y), (xt, yt) in zip(ours, theirs):
+            assert y.tolist() == yt.tolist() and ((x - xt).abs() * 255).mean() < 0.5
+        assert loader._backend.files.paths[12].startswith("s3://gt-shards/shard-000001.tar:")
+    finally:
+        server.stop()
