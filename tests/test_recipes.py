@@ -331,3 +331,21 @@ def test_an_auto_augment_build_rewrites_only_what_branches(photo_folder, device,
     assert ours == allowed, ours ^ allowed
     dalis = {name.rsplit(".", 2)[-2] for name in rewritten - ours}
     assert dalis <= {"trivial_augment", "rand_augment", "auto_augment", "_select", "_utils"}, dalis
+
+    # builds in two threads at once take turns: DALI's settings are as they were after both
+    import threading
+
+    def build():
+        next(iter(DataLoader(datasets.ImageFolder(photo_folder, transform=chains[0]), batch_size=4, device=device)))
+
+    import warnings
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert config.CONVERSION_RULES == rules and dali_trace.is_tracing_enabled() == traced
+    assert [str(w.message) for w in caught if "nvidia" in w.filename] == []  # DALI's notes stay ours

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 import warnings
 from typing import Any, Callable, Optional
 
@@ -396,17 +397,21 @@ def _quick_trace():
         from nvidia.dali._utils import dali_trace
     except ImportError:  # a DALI without origin tracing
         dali_trace = None
-    saved = config.CONVERSION_RULES
-    traced = dali_trace.is_tracing_enabled() if dali_trace else False
-    config.CONVERSION_RULES = tuple(config.DoNotConvert(m) for m in _NO_BRANCHES) + saved
-    if traced:
-        dali_trace.set_tracing(enabled=False)
-    try:
-        yield
-    finally:
-        config.CONVERSION_RULES = saved
+    with _TRACE_LOCK:  # both settings are process-wide: builds in two threads take turns
+        saved = config.CONVERSION_RULES
+        traced = dali_trace.is_tracing_enabled() if dali_trace else False
+        config.CONVERSION_RULES = tuple(config.DoNotConvert(m) for m in _NO_BRANCHES) + saved
         if traced:
-            dali_trace.set_tracing(enabled=True)
+            dali_trace.set_tracing(enabled=False)
+        try:
+            yield
+        finally:
+            config.CONVERSION_RULES = saved
+            if traced:
+                dali_trace.set_tracing(enabled=True)
+
+
+_TRACE_LOCK = threading.RLock()
 
 
 @do_not_convert
@@ -464,7 +469,9 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
             lower(g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
         return g.img
 
-    with warnings.catch_warnings():
+    # catch_warnings swaps the process's filters: builds in two threads take turns, or one's exit
+    # would restore the filters under the other's build and DALI's notes below would reach the user
+    with _TRACE_LOCK, warnings.catch_warnings():
         # torchvision's own AutoAugment policies have sub-policies of probability 0: true of torchvision's
         # policy, nothing the user wrote
         warnings.filterwarnings("ignore", message=r"The augmentation `\w+` in policy `torchvision` is used with "
