@@ -253,12 +253,13 @@ def _warps_matrix(g, ops: list, idx, s):
         return fn.lookup_table(idx, keys=list(range(len(ops))), values=vals, dtype=types.FLOAT, default_value=0.0)
 
     def shift(rel: str, absolute: str, size):  # a translation's pixels per unit of level
-        pct = table(lambda op: op["translate_pct"] if op["name"] == rel else 0.0)
-        const = table(lambda op: op["translate_const"] if op["name"] == absolute else 0.0)
-        if not is_node(size):
-            pct = table(lambda op: size * op["translate_pct"] if op["name"] == rel else 0.0)
-            return pct + const if any(op["name"] == absolute for op in ops) else pct
-        return pct * size + const
+        if is_node(size):
+            pixels = table(lambda op: op["translate_pct"] if op["name"] == rel else 0.0) * size
+        else:
+            pixels = table(lambda op: size * op["translate_pct"] if op["name"] == rel else 0.0)
+        if any(op["name"] == absolute for op in ops):
+            pixels = pixels + table(lambda op: op["translate_const"] if op["name"] == absolute else 0.0)
+        return pixels
 
     rad = s * table(lambda op: -30.0 * math.pi / 180.0 if op["name"] == "Rotate" else 0.0)
     c, n = dmath.cos(rad), dmath.sin(rad)
