@@ -4,6 +4,7 @@ resume, bad members named or skipped, and what does not compile falls back namin
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import warnings
 
 import pytest
@@ -154,6 +155,42 @@ def test_bad_members_named_or_skipped(shards, tmp_path):
     assert "truncated shard" in " ".join(e.reason for e in loader.skipped)
 
 
+@pytest.mark.parametrize("handler", ["warn_and_continue", "ignore_and_continue"])
+def test_the_pipelines_exception_handler_is_mirrored(shards, tmp_path, handler):
+    """webdataset's handler= on the stages that meet a bad sample (the tar reader, .decode): one that
+    continues skips it, as webdataset does (warn_and_continue with a warning, here once per epoch); the
+    same samples and labels as webdataset's own pipeline on torch's DataLoader."""
+    url, paths, garbage, cut = _damaged_shards(shards, tmp_path)
+    h = getattr(wds, handler)
+
+    def make():
+        return wds.WebDataset(url, shardshuffle=False, handler=h).decode("pil", handler=h) \
+            .to_tuple("jpg;png", "cls").map_tuple(TF, lambda y: y)
+
+    loader = DataLoader(make(), batch_size=8, device="cpu")
+    assert loader.backend == "dali", loader.reason
+    assert f"{handler} handler" in loader.explain()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = sorted(y for _, ys in loader for y in ys.tolist())
+    skipped = [w for w in caught if issubclass(w.category, SkippedSamplesWarning)]
+    assert len(skipped) == (1 if handler == "warn_and_continue" else 0)
+    assert sorted(e.path for e in loader.skipped) == sorted([f"{paths[1]}:{garbage}", f"{paths[3]}:{cut}"])
+    theirs = sorted(y for _, ys in torch_epoch(make()) for y in ys.tolist())
+    assert ours == theirs and len(ours) == 46
+
+
+def test_a_handler_of_the_users_own_falls_back(shards):
+    def log_and_continue(exn):
+        return True
+
+    ds = wds.WebDataset(shards[0], shardshuffle=False).decode("pil", handler=log_and_continue) \
+        .to_tuple("jpg;png", "cls").map_tuple(TF, lambda y: y)
+    with pytest.warns(FallbackWarning, match="handler=log_and_continue"):
+        loader = DataLoader(ds, batch_size=8, device="cpu")
+    assert loader.backend == "torchvision"
+
+
 @pytest.mark.parametrize("make, stage", [
     (lambda url: pipeline(url).batched(4), "batched"),
     (lambda url: wds.WebDataset(url, shardshuffle=False).decode("torchrgb").to_tuple("jpg", "cls"), "torchrgb"),
@@ -196,17 +233,28 @@ def test_the_same_stages_in_a_data_pipeline_compile(shards):
         assert y.tolist() == yt.tolist() and ((x - xt).abs() * 255).mean() < 0.5
 
 
-def test_a_reader_thread_keeps_a_few_shards_open(shards):
-    """A shuffled epoch jumps between shards: a reader thread keeps the most recent few open, not every
-    shard it has read (thousands of shards would exhaust the descriptors)."""
+def test_the_loader_keeps_a_few_shards_open(shards):
+    """A shuffled epoch jumps between shards: the reader threads share the most recent few descriptors,
+    not every shard read (thousands of shards would exhaust them), and each read gives the member's bytes
+    whichever shard was open before."""
     loader = DataLoader(pipeline(shards[0], shardshuffle=4).shuffle(100), batch_size=8, device="cpu")
     samples = loader._backend.files
-    samples._opened.KEEP = 2  # (this thread's)
-    reader = samples.reader(gpu=False, check_jpeg_scan=False)
-    for i in list(range(0, 48, 12)) * 3:  # the first sample of each of the four shards, three times over
-        reader(i)
-        assert len(samples._opened.handles) <= 2
-    assert len(samples._opened.handles) == 2
+    samples._descriptors.KEEP = 2
+    first = [i for i, (shard, _, _) in enumerate(samples.members) if i == 0 or samples.members[i - 1][0] != shard]
+    assert len(first) == 4
+    expected = {}
+    for i in first:
+        shard, offset, size = samples.members[i]
+        with open(samples.shards[shard], "rb") as f:
+            f.seek(offset)
+            expected[i] = f.read(size)
+    for i in first * 3:  # the first sample of each of the four shards, three times over
+        assert samples.read(i) == expected[i]
+        assert len(samples._descriptors.open) <= 2
+    assert len(samples._descriptors.open) == 2
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # threads share the descriptors
+        got = list(pool.map(samples.read, first * 25))
+    assert got == [expected[i] for i in first * 25] and len(samples._descriptors.open) <= 2
 
 
 def test_shards_on_an_s3_server(shards, monkeypatch):

@@ -52,6 +52,9 @@ def choose(settings: Settings, dataset, resolve) -> Backend:
         return TorchWorkers(settings, f"{names} need(s) PIL images; per sample they run faster in torch's "
                                       f"{settings.num_workers} worker processes than in the main thread after "
                                       "the DALI graph (pass num_workers=0 to keep the graph)", p, samples.origin)
+    faster = samples.faster_on_workers(settings.num_workers)
+    if faster:
+        return TorchWorkers(settings, faster, p, samples.origin)
     if settings.prepared is not None:
         if type(samples) is not FileSamples:
             raise ValueError("prepared= applies to datasets of image files (ImageFolder, ImageList, torchvision's file "
@@ -152,10 +155,15 @@ class CompiledGraph(Backend):
             if slot.decoders is None:
                 slot.decoders = ProcessDecoders(self.files, s.num_threads, lookahead=s.prefetch_queue_depth + 2,
                                                 planes=first.args["frames"] == "yuv420", timeout=s.timeout)
-            return ProcessEpochFeed(slot.decoders, batches, skip=s.on_error == "skip", skipped=skipped)
+            return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped)
         return EpochFeed(self.files, batches, self.pool, lookahead=s.prefetch_queue_depth + 2,
-                         skip=s.on_error == "skip", gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
+                         skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
                          skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil))
+
+    def skips(self) -> bool:
+        """Whether a bad sample is skipped: the loader's ``on_error``, unless the dataset says what it
+        does itself (a webdataset pipeline's exception handler)."""
+        return (self.files.on_error or self.settings.on_error) == "skip"
 
     def labels(self, indices, dev: torch.device):
         f = self.files
@@ -249,7 +257,7 @@ class CompiledIterator(EpochIterator):
             except RuntimeError as e:
                 batch = list(self.epoch.in_flight[0]) if self.epoch.in_flight else []
                 err = name_failure(e, batch, b.files)
-                if b.settings.on_error == "skip" and isinstance(err, BadSampleError):
+                if b.skips() and isinstance(err, BadSampleError):
                     self._restart_after_decode_error(err)
                     continue
                 if isinstance(err, DecodedOnlyByPil) and not set(batch) <= b.via_pil and \
@@ -326,7 +334,7 @@ class CompiledIterator(EpochIterator):
         self._release(dirty=False)
         if epoch.error is not None:
             raise epoch.error
-        if self.skipped:
+        if self.skipped and self.backend.files.warn_skipped:
             shown = "; ".join(f"{e.index}: {e.path} ({e.reason})" for e in self.skipped[:5])
             warnings.warn(f"gputransforms: skipped {len(self.skipped)} sample(s) this epoch "
                           f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=4)

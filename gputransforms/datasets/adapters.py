@@ -38,6 +38,9 @@ class FileSamples:
     transform: Any
     target_transforms: Optional[list] = None
     origin: str = ""  # how the files were found, for explain()
+    #: what the dataset itself does with a bad sample ("raise", "skip"), or None: the loader's on_error
+    on_error = None
+    warn_skipped = True  # the epoch's skipped samples are reported in a SkippedSamplesWarning
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -85,6 +88,11 @@ class FileSamples:
     def per_sample_note(self) -> Optional[str]:
         """What of the dataset's own transform runs per sample after the graph (for the FallbackWarning),
         or None."""
+        return None
+
+    def faster_on_workers(self, num_workers: int) -> Optional[str]:
+        """Why torch's DataLoader with ``num_workers`` processes runs this dataset faster than the
+        graph and the per-sample work after it, or None (the graph is faster, or nothing runs after it)."""
         return None
 
 

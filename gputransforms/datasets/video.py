@@ -34,6 +34,9 @@ class ClipSamples:
     """Index ``i`` is clip ``clip[i]`` of video ``video_of[i]``: the frames ``frames(i)`` of
     ``paths[i]``, ``transform`` applied to them in ``output_format``, and the label ``targets[i]``."""
 
+    on_error = None  # (FileSamples' protocol: the loader's on_error applies)
+    warn_skipped = True
+
     @property
     def plan_input(self) -> str:
         return f"video {self.output_format}"
@@ -99,6 +102,10 @@ class ClipSamples:
 
     def per_sample_note(self) -> None:
         """Nothing of a video dataset's own runs per sample beyond the chain (FileSamples' protocol)."""
+        return None
+
+    def faster_on_workers(self, num_workers: int) -> None:
+        """(FileSamples' protocol: the graph is the faster way for clips.)"""
         return None
 
     def audio(self, indices) -> list:
