@@ -59,6 +59,10 @@ KINDS = {torchvision.datasets.CocoDetection: _coco, torchvision.datasets.VOCDete
 #: joint transforms whose per-sample cost in the main thread exceeds what torch's worker processes
 #: spread over many cores (benchmarks/detection.py on the H100 host: docs/performance.md)
 _HEAVY = {"RandomIoUCrop", "RandomZoomOut", "RandomPhotometricDistort"}
+#: from how many workers torch's DataLoader runs a chain with one of ``_HEAVY`` faster than the main
+#: thread after the graph: per worker the ssd preset ran 10 img/s and ssdlite 29 on that host, against
+#: 60-69 and 98 here (the crossovers: 6-7 and 3-4 workers; the references default to 4)
+WORKERS_FASTER = 8
 
 
 def is_detection(dataset) -> bool:
@@ -136,12 +140,23 @@ class DetectionSamples(FileSamples):
         names = [type(t).__name__ for t in _steps(self.joint)]
         note = (f"{', '.join(names)} run(s) per sample on the decoded images with torchvision's kernels (boxes "
                 "and masks follow the pixels as in torchvision; the graph decodes)")
-        heavy = [n for n in names if n in _HEAVY]
+        heavy = self._heavy()
         if heavy:
-            note += (f"; {', '.join(heavy)} cost more in one thread than across many worker processes: with "
-                     "many CPU cores, torch's own DataLoader is faster for this chain (H100 host, 16 workers: "
-                     "the ssd preset 161 img/s there against 60-69 here, ssdlite 462 against 98)")
+            note += (f"; {', '.join(heavy)} cost more in one thread than across {WORKERS_FASTER} or more worker "
+                     "processes: with num_workers >= 8 this chain runs on torch's own DataLoader")
         return note
+
+    def _heavy(self) -> list:
+        return [n for n in (type(t).__name__ for t in _steps(self.joint)) if n in _HEAVY] if self.joint else []
+
+    def faster_on_workers(self, num_workers: int) -> Optional[str]:
+        heavy = self._heavy()
+        if heavy and num_workers >= WORKERS_FASTER:
+            return (f"{', '.join(heavy)} run per sample; in torch's {num_workers} worker processes they run faster "
+                    "than in one thread after the graph's decode (H100 host, 16 workers: the ssd preset 161 img/s "
+                    f"there against 60-69, ssdlite 462 against 98; fewer than {WORKERS_FASTER} workers keep the "
+                    "GPU decode)")
+        return None
 
     def select(self, indices) -> "DetectionSamples":
         out = DetectionSamples.__new__(DetectionSamples)
