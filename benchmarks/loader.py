@@ -17,6 +17,11 @@ It prints a table (img/s, ratio to torchvision and to hand-written DALI, time to
 memory in use on the device, peak host RSS), writes JSON and a PNG bar chart. Without a GPU the
 same pipelines run on the CPU (DALI's CPU operators). ``--scaling`` adds throughput and memory
 against batch size.
+
+``--isolate`` runs each row in a process of its own. Use it for the memory column: in one process
+DALI's and torch's memory pools outlive the row that grew them (a later row reuses them and shows
+less, or grows them and shows more), so only a fresh process gives each loader's own device memory
+(peak in use minus the level once CUDA started: the CUDA context is not counted).
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ def main(argv=None):
     ap.add_argument("--scaling", action="store_true", help="also gputransforms throughput vs batch size")
     ap.add_argument("--large", type=int, default=0, metavar="N",
                     help="also time the train chain on N 2000-px photos (written next to ROOT)")
+    ap.add_argument("--isolate", action="store_true", help="each row in a process of its own (sound memory figures)")
     ap.add_argument("--out", default="bench-out")
     a = ap.parse_args(argv)
     if a.make_data:
@@ -63,11 +69,14 @@ def main(argv=None):
             if name == "dali-experimental-tv":
                 n = min(n, 384)
             row = dict(chain=chain, pipeline=name)
-            try:
-                row.update(timed(pipeline(name)(a.root, chain, a.batch_size, threads), n))
-            except Exception as e:  # noqa: BLE001 - one failing pipeline must not hide the others
-                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-            row["rss_mb"] = rss_peak_mb()
+            if a.isolate:
+                row.update(own_process(a, chain, name, n))
+            else:
+                try:
+                    row.update(timed(pipeline(name)(a.root, chain, a.batch_size, threads), n))
+                except Exception as e:  # noqa: BLE001 - one failing pipeline must not hide the others
+                    row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+                row["rss_mb"] = rss_peak_mb()
             rows.append(row)
             print(f"  {chain} {name}: {row.get('img_s', float('nan')):.0f} img/s {row.get('error', '')}", flush=True)
         base = {r["pipeline"]: r.get("img_s") for r in rows if r["chain"] == chain}
@@ -114,7 +123,7 @@ def main(argv=None):
         rows += large
     info = dict(device=torch.cuda.get_device_name() if on_gpu() else "cpu", cores=os.cpu_count(), files=n_files,
                 torch=torch.__version__, torchvision=torchvision.__version__, batch_size=a.batch_size,
-                torchvision_workers=a.workers, dali_threads=a.threads)
+                torchvision_workers=a.workers, dali_threads=a.threads, process="own per row" if a.isolate else "one")
     try:
         import nvidia.dali
 
@@ -130,6 +139,25 @@ def main(argv=None):
             f"{r['batch_size']}: {r['img_s']:.0f} img/s {r['gpu_mem_mb']:.0f} MiB" if "img_s" in r
             else f"{r['batch_size']}: {r['error']}" for r in scaling))
     return rows
+
+
+def own_process(a, chain: str, name: str, n: int) -> dict:
+    """One row timed by ``python -m benchmarks.loader`` in a fresh process: what its loader.json says."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "benchmarks.loader", a.root, "--chains", chain, "--pipelines", name,
+               "--images", str(n), "--batch-size", str(a.batch_size), "--workers", str(a.workers),
+               "--threads", str(a.threads), "--out", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        try:
+            got = json.loads((Path(tmp) / "loader.json").read_text())["rows"][0]
+        except (OSError, ValueError, IndexError):
+            return dict(error=f"exit {res.returncode}: {res.stderr.strip().splitlines()[-1:]}")
+    got.pop("chain", None), got.pop("pipeline", None)
+    return got
 
 
 if __name__ == "__main__":
