@@ -9,7 +9,7 @@ tv_tensor``), on the same wrapped ``CocoDetection`` minus images without annotat
 reference's Subset), with the reference's ``collate_fn``:
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
-- ``gputransforms``: our DataLoader over the same dataset object, with the same ``num_workers`` (where
+- ``gputransforms``: our DataLoader over the same dataset object, with the same arguments (where
   the chain has RandomIoUCrop, RandomZoomOut or RandomPhotometricDistort and 8 workers or more, that
   is torch's own DataLoader: those run faster in the workers than after the graph's decode);
 - ``dali-handwritten`` (GPU only, ``ssd``): DALI's SSD example pipeline: ``readers.coco`` +
@@ -130,13 +130,16 @@ def main(argv=None):
                     make = lambda: Moved(tud.DataLoader(dataset(coco, preset), batch_size=a.batch_size, shuffle=True,  # noqa: E731
                                                         num_workers=a.workers, collate_fn=collate,
                                                         persistent_workers=a.workers > 0), dev)
-                elif name == "gputransforms":
+                elif name.startswith("gputransforms"):
                     from gputransforms import DataLoader
+
+                    # the torchvision row's arguments (only the import changes); -pin: pin_memory=True as well
+                    extra = dict(pin_memory="-pin" in name, persistent_workers=a.workers > 0)
 
                     # num_workers as the user gives it to torch's loader (only the import changes); where the
                     # chain compiles, DALI's threads (a.threads below 8 workers) are set apart
                     make = lambda: DataLoader(dataset(coco, preset), batch_size=a.batch_size, shuffle=True,  # noqa: E731
-                                              num_workers=a.workers, collate_fn=collate)
+                                              num_workers=a.workers, collate_fn=collate, **extra)
                 else:
                     make = lambda: dali_ssd(coco, a.batch_size, a.threads)  # noqa: E731
                 row.update(timed(make, a.images))

@@ -181,12 +181,23 @@ class DataLoader(tud.DataLoader):
             self._warned_unsharded = True
             warnings.warn(text, UnshardedWarning, stacklevel=2)
         resume, self._resume = self._resume, None
-        sampling = backends.Sampling(self._index_sampler, self.generator, self.__len__,
-                                     lambda: tud.DataLoader.__iter__(self))
+        sampling = backends.Sampling(self._index_sampler, self.generator, self.__len__, self._torch_iter)
         it = self._backend.iterator(sampling, resume)
         self.skipped = it.skipped
         self._last_iter = weakref.ref(it)
         return it
+
+    def _torch_iter(self, pin: bool = False):
+        """torch's own iterator over this loader. ``pin``: its batches are pinned by torch's pin-memory
+        thread, as with ``pin_memory=True``, while ``self.pin_memory`` stays as the user set it (torch's
+        iterator reads it once, when it is made)."""
+        if not pin or self.pin_memory:
+            return tud.DataLoader.__iter__(self)
+        self.pin_memory = True
+        try:
+            return tud.DataLoader.__iter__(self)
+        finally:
+            self.pin_memory = False
 
     def state_dict(self) -> dict:
         """Where the newest iterator stands (``gputransforms.state``): the random state its epoch

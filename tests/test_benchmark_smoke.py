@@ -27,6 +27,23 @@ def test_loader_benchmark_runs(indexed_folder, tmp_path):
     assert "gputransforms" in res.stdout and "img/s" in res.stdout
 
 
+def test_loader_benchmark_isolated_rows_run(indexed_folder, tmp_path):
+    """--isolate: each row timed by the benchmark in a fresh process, its row as that process wrote it."""
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "benchmarks.loader", str(indexed_folder), "--batch-size", "8", "--images", "16",
+           "--workers", "1", "--threads", "1", "--chains", "eval", "--pipelines", "dali-handwritten,gputransforms",
+           "--isolate", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "loader.json").read_text())
+    assert report["info"]["process"] == "own per row"
+    assert [(r["chain"], r["pipeline"]) for r in report["rows"]] == [("eval", "dali-handwritten"), ("eval", "gputransforms")]
+    for r in report["rows"]:
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["shape"][1:] == [3, 224, 224] and r["rss_mb"] > 0
+    assert 0.2 < report["rows"][1]["x_dali"] < 5
+
+
 def test_loader_benchmark_streamed_inputs_run(indexed_folder, tmp_path):
     """webdataset shards and a Hugging Face table of the same photos, each on torch's loader and ours."""
     pytest.importorskip("webdataset")

@@ -76,7 +76,8 @@ def pinning(settings: Settings):
 class Sampling:
     """One epoch's sampling, as the face hands it to a backend: torch's index sampler (iterated as
     torch's iterator iterates it), the loader's generator, its ``len()`` (a function: an iterable dataset
-    may have none) and ``torch_iter``, torch's own iterator over the loader (the torchvision backend's)."""
+    may have none) and ``torch_iter(pin=False)``, torch's own iterator over the loader (the torchvision
+    backend's); ``pin``: its batches pinned in torch's pin-memory thread whatever the loader's ``pin_memory``."""
 
     index_sampler: Any
     generator: Optional[torch.Generator]
