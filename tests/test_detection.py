@@ -155,6 +155,29 @@ def test_voc_segmentation_masks_follow_the_pixels(voc, device):
         assert (x.cpu() - xt).abs().mean() * 0.229 * 255 < (1.0 if device == "cpu" else 3.0)
 
 
+def test_explain_says_what_each_step_does_to_each_tv_tensor(coco, voc):
+    """explain() lists the joint transform's steps with what torchvision's kernels do to each tv_tensor
+    type the target holds: colour steps leave boxes and masks alone, geometric ones move them (masks
+    nearest-neighbour), the box-only ones touch only boxes."""
+    ds = wrapped(coco, DetectionPresetTrain(data_augmentation="ssd", backend="tv_tensor"))
+    with pytest.warns(FallbackWarning):
+        text = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device="cpu").explain()
+    assert "on Image, BoundingBoxes, Mask:" in text, text
+    lines = {ln.split()[0]: ln for ln in text.splitlines()[text.splitlines().index(
+        next(ln for ln in text.splitlines() if "joint transform, per sample" in ln)) + 1:]}
+    assert "Image: changed; BoundingBoxes, Mask: unchanged" in lines["RandomPhotometricDistort"]
+    assert "Mask: moved (nearest-neighbour)" in lines["RandomIoUCrop"]
+    assert "BoundingBoxes: moved by the same parameters" in lines["RandomZoomOut"]
+    assert "BoundingBoxes: format converted" in lines["ConvertBoundingBoxFormat"]
+    assert "with their labels and masks" in lines["SanitizeBoundingBoxes"]
+    seg = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCSegmentation(
+        str(voc), year="2012", image_set="train",
+        transforms=v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)])))
+    with pytest.warns(FallbackWarning):
+        text = DataLoader(seg, batch_size=2, device="cpu").explain()
+    assert "on Image, Mask:" in text and "Mask: moved (nearest-neighbour)" in text, text
+
+
 @pytest.mark.parametrize("aug, heavy", [("hflip", False), ("ssdlite", True), ("ssd", True)])
 def test_heavy_chains_run_on_torchs_workers_when_there_are_many(coco, aug, heavy):
     """RandomIoUCrop, RandomZoomOut and RandomPhotometricDistort cost more per sample in the main

@@ -96,7 +96,7 @@ class CompiledGraph(Backend):
             lines.append(f"  {pin_memory_note(self.settings)}")
         if self.settings.prepared is not None:
             lines.append(f"  {self.settings.prepared.describe()}")
-        return "\n".join(lines + [self.plan.explain(self.settings.device)])
+        return "\n".join(lines + [self.plan.explain(self.settings.device)] + self.files.explain_lines())
 
     def fallback(self) -> Optional[str]:
         slow = [type(t).__name__ for t, _, stage in self.stages if stage in ("per sample", "pil")]

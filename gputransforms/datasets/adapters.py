@@ -90,6 +90,10 @@ class FileSamples:
         or None."""
         return None
 
+    def explain_lines(self) -> list:
+        """Lines explain() adds about what the dataset runs itself (a detection joint transform)."""
+        return []
+
     def faster_on_workers(self, num_workers: int) -> Optional[str]:
         """Why torch's DataLoader with ``num_workers`` processes runs this dataset faster than the
         graph and the per-sample work after it, or None (the graph is faster, or nothing runs after it)."""

@@ -65,6 +65,38 @@ _HEAVY = {"RandomIoUCrop", "RandomZoomOut", "RandomPhotometricDistort"}
 WORKERS_FASTER = 8
 
 
+#: what torchvision's kernels do to each tv_tensor type, by transform (explain()): colour transforms
+#: touch only the image, geometric ones move every type (masks with nearest-neighbour, boxes by the
+#: same parameters), the box-only ones only boxes
+_COLOUR = {"ColorJitter", "RandomPhotometricDistort", "RandomGrayscale", "Grayscale", "GaussianBlur", "GaussianNoise",
+           "RandomAutocontrast", "RandomEqualize", "RandomInvert", "RandomPosterize", "RandomSolarize",
+           "RandomAdjustSharpness", "RandomChannelPermutation", "Normalize", "RandomErasing"}
+_GEOMETRIC = {"RandomHorizontalFlip", "RandomVerticalFlip", "Resize", "RandomResize", "ScaleJitter",
+              "RandomShortestSize", "RandomResizedCrop", "RandomCrop", "CenterCrop", "FixedSizeCrop", "RandomZoomOut",
+              "RandomIoUCrop", "Pad", "RandomAffine", "RandomRotation", "RandomPerspective", "ElasticTransform"}
+_BOXES_ONLY = {"ConvertBoundingBoxFormat": "format converted", "ClampBoundingBoxes": "clamped to the canvas"}
+
+
+def _effects(name: str, types: list) -> str:
+    """One line of explain(): what ``name`` does to each of ``types`` (tv_tensor class names)."""
+    if name in _COLOUR:
+        kept = [t for t in types if t != "Image"]
+        return "Image: changed" + (f"; {', '.join(kept)}: unchanged" if kept else "")
+    if name in _GEOMETRIC:
+        return "; ".join({"Image": "Image: moved", "Mask": "Mask: moved (nearest-neighbour)",
+                          "BoundingBoxes": "BoundingBoxes: moved by the same parameters"}.get(t, f"{t}: moved")
+                         for t in types)
+    if name in _BOXES_ONLY:
+        return f"BoundingBoxes: {_BOXES_ONLY[name]}; others unchanged"
+    if name == "SanitizeBoundingBoxes":
+        return "BoundingBoxes: degenerate ones dropped, with their labels" + (" and masks" if "Mask" in types else "")
+    if name == "ToDtype":
+        return "each type to its dtype (Image scaled where scale=True)"
+    if name in ("ToImage", "PILToTensor", "ToPureTensor"):
+        return "type conversion"
+    return "as torchvision's kernels for each type dispatch"
+
+
 def is_detection(dataset) -> bool:
     """A torchvision v2 wrapper around one of ``KINDS`` (its class exactly: a subclass may read otherwise)."""
     return isinstance(dataset, _wrapper_class()) and type(dataset._dataset) in KINDS
@@ -145,6 +177,22 @@ class DetectionSamples(FileSamples):
             note += (f"; {', '.join(heavy)} cost more in one thread than across {WORKERS_FASTER} or more worker "
                      "processes: with num_workers >= 8 this chain runs on torch's own DataLoader")
         return note
+
+    def explain_lines(self) -> list:
+        """What happens to each tv_tensor type at each step of the joint transform (explain())."""
+        if self.joint is None or not len(self.paths):
+            return []
+        from torchvision import tv_tensors
+
+        target = self.target(0)
+        values = target.values() if isinstance(target, dict) else [target]
+        types = ["Image"] + sorted({type(v).__name__ for v in values
+                                    if isinstance(v, tv_tensors.TVTensor) and not isinstance(v, tv_tensors.Image)})
+        lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on the "
+                 f"device, the target on the CPU), on {', '.join(types)}:"]
+        width = max(len(type(t).__name__) for t in _steps(self.joint))
+        lines += [f"    {type(t).__name__:{width}s}  {_effects(type(t).__name__, types)}" for t in _steps(self.joint)]
+        return lines
 
     def _heavy(self) -> list:
         return [n for n in (type(t).__name__ for t in _steps(self.joint)) if n in _HEAVY] if self.joint else []

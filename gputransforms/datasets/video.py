@@ -104,6 +104,9 @@ class ClipSamples:
         """Nothing of a video dataset's own runs per sample beyond the chain (FileSamples' protocol)."""
         return None
 
+    def explain_lines(self) -> list:
+        return []  # (FileSamples' protocol)
+
     def faster_on_workers(self, num_workers: int) -> None:
         """(FileSamples' protocol: the graph is the faster way for clips.)"""
         return None
