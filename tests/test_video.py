@@ -6,6 +6,7 @@ The videos are H.264 of panning real photos, made by ``sampledata.make_video_fol
 shows its own index in a band of blocks, so a test reads back which frames a clip holds. The
 frames a clip must hold are torchvision's: ``VideoClips.clips`` (``_compat.clip_frames``)."""
 import shutil
+import time
 from collections import Counter
 
 import numpy as np
@@ -363,6 +364,27 @@ def test_a_dead_decoder_process_is_named(kinetics_root, device):
     assert "DALI failed" not in str(info.value)
     assert sum(len(v) for v, _, _ in loader) == len(ds)  # the next epoch starts new decoders
     loader.close()
+
+
+def test_a_decoder_dying_mid_transfer_is_named_as_torch_names_it():
+    """A worker killed while the loop receives a sample's memory makes torch raise ConnectionResetError
+    (its file-descriptor sharer is gone): the epoch's error is torch's worker error all the same."""
+    import multiprocessing
+    import types
+
+    from gputransforms.backends.feed import _died_in_transfer
+
+    ctx = multiprocessing.get_context("fork")
+    dead, alive = ctx.Process(target=int), ctx.Process(target=time.sleep, args=(5,))
+    dead.start(), alive.start()
+    dead.join()
+    try:
+        err = _died_in_transfer(types.SimpleNamespace(_workers=[alive, dead]), ConnectionResetError(104, "reset"))
+    finally:
+        alive.kill()
+        alive.join()
+    assert isinstance(err, RuntimeError)
+    assert f"DataLoader worker (pid(s) {dead.pid}) exited unexpectedly" in str(err) and "ConnectionResetError" in str(err)
 
 
 def test_timeout_names_the_clip_whose_decode_stalled(kinetics_root, tmp_path):

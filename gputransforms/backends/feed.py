@@ -242,6 +242,23 @@ class ProcessDecoders:
         return it
 
 
+def _died_in_transfer(it, err: Exception) -> RuntimeError:
+    """torch's error for a worker that died, where it died while a sample's memory was being handed
+    over: the connection to its file-descriptor sharer is reset, and torch raises ConnectionResetError
+    instead of its "DataLoader worker (pid X) is killed" (seen once, in a CPU suite run of the test
+    that kills a decoder)."""
+    import time
+
+    dead: list = []
+    deadline = time.monotonic() + 1.0  # (the process is exiting: its sockets are closed)
+    while not dead and time.monotonic() < deadline:
+        dead = [str(w.pid) for w in getattr(it, "_workers", ()) if not w.is_alive()]
+        if not dead:
+            time.sleep(0.02)
+    return RuntimeError(f"DataLoader worker (pid(s) {', '.join(dead) or '?'}) exited unexpectedly while handing over a "
+                        f"sample ({type(err).__name__}: {err})")
+
+
 class ProcessEpochFeed(EpochFeed):
     """One pass over the sampler whose samples are decoded in worker processes (video with PyAV, which
     holds the GIL for part of its work: on an H100 host 16 threads of one process decoded 21.8 clips/s
@@ -273,8 +290,10 @@ class ProcessEpochFeed(EpochFeed):
                     raise StopIteration
                 batch = pulled.popleft()  # the sampler has handed out its first index, so it is recorded
                 items = [first] + [next(self.it) for _ in range(len(batch) - 1)]
-            except RuntimeError as e:  # a worker died (torch names it), or timeout= passed: raised as it is
+            except (RuntimeError, ConnectionError, EOFError) as e:  # a worker died, or timeout= passed
                 batch = batch or (pulled[0] if pulled else None)
+                if not isinstance(e, RuntimeError):  # it died while handing over a sample (torch's fd share)
+                    e = _died_in_transfer(self.it, e)
                 if "timed out" in str(e) and batch:
                     names = ", ".join(f"{i} ({self.decoders.paths[i]})" for i in batch[:4])
                     e = RuntimeError(f"gputransforms: {e}: the decode of one of samples {names} did not return")

@@ -215,9 +215,7 @@ class _Descriptors:
                 entry = [os.open(path, os.O_RDONLY), 0]
             entry[1] += 1
             self.open[shard] = entry  # (re)inserted last: the most recent
-            if len(self.open) > self.KEEP:
-                for k in [k for k, (_, users) in self.open.items() if users == 0][:len(self.open) - self.KEEP]:
-                    os.close(self.open.pop(k)[0])
+            self._trim()
         try:
             data = os.pread(entry[0], size, offset)
             while 0 < len(data) < size:  # (a short read: ask for the rest)
@@ -229,6 +227,13 @@ class _Descriptors:
         finally:
             with self.lock:
                 entry[1] -= 1
+                self._trim()  # (the ones kept past KEEP while in use)
+
+    def _trim(self):
+        """Close the least recently used descriptors past ``KEEP`` that no thread is reading (lock held)."""
+        if len(self.open) > self.KEEP:
+            for k in [k for k, (_, users) in self.open.items() if users == 0][:len(self.open) - self.KEEP]:
+                os.close(self.open.pop(k)[0])
 
     def close(self):
         with self.lock:
