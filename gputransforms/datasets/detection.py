@@ -175,7 +175,7 @@ class DetectionSamples(FileSamples):
         heavy = self._heavy()
         if heavy:
             note += (f"; {', '.join(heavy)} cost more in one thread than across {WORKERS_FASTER} or more worker "
-                     "processes: with num_workers >= 8 this chain runs on torch's own DataLoader")
+                     f"processes: with num_workers >= {WORKERS_FASTER} this chain runs on torch's own DataLoader")
         return note
 
     def explain_lines(self) -> list:

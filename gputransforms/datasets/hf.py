@@ -17,7 +17,6 @@ keeps it, is a ``LazyImage``: the row's image as ``datasets`` decodes it, read a
 """
 from __future__ import annotations
 
-import functools
 import io
 import sys
 import threading
@@ -205,17 +204,9 @@ class HFSamples(FileSamples):
         return self.rows[source][i]
 
     def items(self, images, indices) -> list:
-        # (per batch on the loop's thread, under the GIL the reader threads wait for: the columns are
-        # looked up once, not per key and row)
-        key, column, rows, decoded = self.key, self.column, self.rows, self.decoded
-        plan = [(k, None if k == key else self.mapping[k]) for k in self.order]
         out = []
         for image, i in zip(images, indices):
-            item = {}
-            for k, source in plan:
-                item[k] = image if source is None else \
-                    LazyImage(functools.partial(decoded, i)) if source == column else rows[source][i]
-            out.append(item)
+            out.append({k: image if k == self.key else self._value(self.mapping[k], i) for k in self.order})
         return out
 
     def batch(self, images, labels, dev, indices) -> dict:

@@ -135,13 +135,14 @@ class _Pipeline:
             ours = (getattr(handler, "__module__", None) or "").startswith("webdataset")
             return kinds.get(getattr(handler, "__name__", None)) if ours else None
 
+        seen = set()
         for where, handler in self.handlers:
-            if kind(handler) is None:
+            seen.add(kind(handler))
+            if None in seen:
                 raise NotCompilable(f"webdataset {where} has handler={getattr(handler, '__name__', handler)}, "
                                     "which the compiled loader does not mirror",
                                     "to compile it, use reraise_exception (the default), ignore_and_continue or "
                                     "warn_and_continue, or DataLoader(on_error='skip')")
-        seen = {kind(handler) for _, handler in self.handlers}
         if seen <= {"raise"}:
             return None, True
         return "skip", "warn" in seen
