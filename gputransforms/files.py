@@ -177,6 +177,18 @@ def prepare(index: int, path: str, *, small_jpegs_via_pil: bool = False, check_j
                          check_jpeg_scan=check_jpeg_scan)
 
 
+def bmp_of(pixels: np.ndarray) -> np.ndarray:
+    """An HWC uint8 RGB array as a BMP file for the graph's decoder (lossless)."""
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buf, format="BMP")
+    return _as_array(buf.getvalue())
+
+
+def read_sample(index: int, path: str) -> bytes:
+    """The file's bytes, or BadSampleError naming it."""
+    return _read_sample(index, path)
+
+
 def _read_sample(index: int, path: str) -> bytes:
     try:
         return read_file(path)

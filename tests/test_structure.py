@@ -172,7 +172,7 @@ def test_every_class_has_one_entry(v2):
     import torchvision.transforms as tv1
 
     for cls, entry in registry.REGISTRY.items():
-        assert any((entry.dali, entry.batched, entry.vectorized)), cls
+        assert any((entry.dali, entry.batched, entry.vectorized, entry.joint)), cls
     module = tv2 if v2 else tv1
     for name in ("RandomResizedCrop", "Resize", "Normalize", "ColorJitter", "RandomErasing", "RandomApply"):
         assert getattr(module, name) in registry.REGISTRY

@@ -156,6 +156,14 @@ class CompiledGraph(Backend):
                 slot.decoders = ProcessDecoders(self.files, s.num_threads, lookahead=s.prefetch_queue_depth + 2,
                                                 planes=first.args["frames"] == "yuv420", timeout=s.timeout)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped)
+        if getattr(self.files, "extras", False):  # a joint transform recorded per sample, in torch's workers
+            if slot.decoders is None:
+                slot.decoders = ProcessDecoders(self.files, s.num_workers, lookahead=s.prefetch_queue_depth + 2,
+                                                timeout=s.timeout, gpu=s.device == "gpu", seed=slot.seed)
+            # with workers each sample draws from a seed of its own (with none, from torch's RNG in this
+            # thread, as torch's DataLoader with no workers does)
+            return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped,
+                                    seed=slot.seed if s.num_workers > 0 else None)
         return EpochFeed(self.files, batches, self.pool, lookahead=s.prefetch_queue_depth + 2,
                          skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
                          skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil))
@@ -215,6 +223,7 @@ class CompiledIterator(EpochIterator):
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()
         s = backend.settings
         self.seed = s.seed if s.seed is not None else base_seed % (2 ** 31)
+        self.slot.seed = self.seed
         self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
         if resume is not None and resume.dali is not None:  # random operators go on where the saved pipeline stood
             backend.build_pipeline(self.slot, self.seed + len(self.skipped), checkpoint=resume.dali)
@@ -268,17 +277,21 @@ class CompiledIterator(EpochIterator):
                 self._release(dirty=False)
                 raise err from e
         indices = self.epoch.in_flight.popleft()
+        # what the samples gave beside the graph's inputs (a recorded joint transform's targets)
+        more = dict(extras=self.epoch.extras.popleft()) if getattr(self.epoch, "extras", None) else {}
         images = self.to_torch(out[0])
         pipe.schedule_run()
         images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw)
         if b.settings.collate is None:
-            return b.files.batch(images, b.labels(indices, self.dev), self.dev, indices)
-        return self._collate(images, indices)
+            labels = None if more else b.labels(indices, self.dev)
+            return b.files.batch(images, labels, self.dev, indices, **more)
+        return self._collate(images, indices, more)
 
-    def _collate(self, images, indices):
+    def _collate(self, images, indices, more: Optional[dict] = None):
         """The user's collate_fn on what torch would hand it: per-sample (image, target) pairs."""
         collate = self.backend.settings.collate
-        batch = self.backend.files.items(images.unbind(0) if isinstance(images, torch.Tensor) else images, indices)
+        batch = self.backend.files.items(images.unbind(0) if isinstance(images, torch.Tensor) else images, indices,
+                                         **(more or {}))
         first, self.first = self.first, False
         try:
             return to_device(collate(batch), self.dev)

@@ -151,16 +151,25 @@ class EpochFeed:
 
 class _Decoded(tud.Dataset):
     """Index -> (index, the graph's inputs as tensors, None) or (index, None, the error's arguments),
-    in a worker process (tensors travel back through shared memory, arrays would be pickled)."""
+    in a worker process (tensors travel back through shared memory, arrays would be pickled).
+    ``extras``: ``read`` returns (the graph's inputs, something for the batch beside them: a recorded
+    joint transform's target), and both travel pickled (small inputs: an encoded file, a row of
+    parameters; one pickle is cheaper than a shared-memory segment per tensor)."""
 
-    def __init__(self, read: Callable):
-        self.read = read
+    def __init__(self, read: Callable, extras: bool = False):
+        self.read, self.extras = read, extras
 
     def __len__(self) -> int:  # never asked: the sampler drives
         raise TypeError
 
     def __getitem__(self, i):
+        if isinstance(i, tuple):  # (index, seed): this sample's draws from its own seed (``_Flat.seed``)
+            i, seed = i
+            torch.manual_seed(seed)
         try:
+            if self.extras:
+                inputs, extra = self.read(i)
+                return i, tuple(inputs), None, extra
             return i, tuple(torch.from_numpy(a) for a in self.read(i)), None
         except files.BadSampleError as e:
             return i, None, (e.index, e.path, e.reason)
@@ -173,12 +182,21 @@ class _Flat(tud.Sampler):
     def __init__(self):
         self.batches = iter(())
         self.pulled: collections.deque = collections.deque()  # batches handed to workers, not yet returned
+        # set: each index goes out with a seed of its own, from this one and its place in the epoch, so
+        # that an epoch's draws do not depend on which worker takes which sample
+        self.seed: Optional[int] = None
 
     def __iter__(self):
+        n = 0
         for b in self.batches:
             b = list(b)
             self.pulled.append(b)
-            yield from b
+            if self.seed is None:
+                yield from b
+            else:
+                for i in b:
+                    yield i, (self.seed * 1_000_003 + n) % (2 ** 63)
+                    n += 1
 
 
 def _identity(x):
@@ -213,22 +231,29 @@ class ProcessDecoders:
     """Worker processes that decode samples, kept across epochs (torch's persistent workers: no
     start-up per epoch). One per pipeline slot, so each live iterator has its own."""
 
-    def __init__(self, samples, workers: int, lookahead: int, planes: bool = False, timeout: float = 0):
+    def __init__(self, samples, workers: int, lookahead: int, planes: bool = False, timeout: float = 0,
+                 gpu: bool = False, seed: Optional[int] = None):
         self.flat = _Flat()
         # planes: clips as the decoder gives them (video.read_planes), converted to RGB in the graph
-        read = samples.reader(gpu=False, check_jpeg_scan=False, planes=True) if planes else \
-            samples.reader(gpu=False, check_jpeg_scan=False)
-        self.dl = tud.DataLoader(_Decoded(read), batch_size=None,
-                                 sampler=self.flat, num_workers=workers, collate_fn=_identity,
-                                 prefetch_factor=max(2, lookahead), persistent_workers=True,
-                                 worker_init_fn=_inherit_without_collecting, timeout=timeout)
+        read = samples.reader(gpu=gpu, check_jpeg_scan=False, planes=True) if planes else \
+            samples.reader(gpu=gpu, check_jpeg_scan=False)
+        extras = bool(getattr(samples, "extras", False))
+        more = dict(prefetch_factor=max(2, lookahead), persistent_workers=True,
+                    worker_init_fn=_inherit_without_collecting) if workers > 0 else {}
+        # the workers' seeds come from this generator, never from the process's RNG (with no workers the
+        # samples draw from it in this thread, as torch's DataLoader with no workers does)
+        gen = torch.Generator()
+        gen.manual_seed(seed if seed is not None else 0)
+        self.dl = tud.DataLoader(_Decoded(read, extras), batch_size=None, sampler=self.flat, num_workers=workers,
+                                 collate_fn=_identity, timeout=timeout, generator=gen, **more)
         # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)
         self.paths = samples.paths
         self.close = weakref.finalize(self, _stop_workers, self.dl)
 
-    def epoch(self, batches):
+    def epoch(self, batches, seed: Optional[int] = None):
         self.flat.batches = batches
         self.flat.pulled.clear()
+        self.flat.seed = seed
         if self.dl._iterator is None:  # workers are forked now: garbage (a dropped pipeline) goes first
             gc.collect()
         it = iter(self.dl)  # a persistent iterator resets: outstanding work of a left epoch is dropped
@@ -265,15 +290,16 @@ class ProcessEpochFeed(EpochFeed):
     of 360p, 16 processes 52-73). torch's own DataLoader machinery moves the frames through shared
     memory and keeps the samples in sampler order."""
 
-    def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list):
+    def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list, seed: Optional[int] = None):
         self.batches = batches
         self.in_flight = collections.deque()
+        self.extras: collections.deque = collections.deque()  # beside in_flight, where samples give extras
         self.stopped = False
         self.skip = skip
         self.skipped = skipped
         self.error: Optional[Exception] = None
         self.decoders = decoders
-        self.it = decoders.epoch(batches)
+        self.it = decoders.epoch(batches, seed)
 
     def pending(self) -> list:
         return [list(b) for b in self.in_flight] + [list(b) for b in self.decoders.flat.pulled]
@@ -301,11 +327,18 @@ class ProcessEpochFeed(EpochFeed):
                 # the others end now; the next epoch starts new ones
                 _stop_workers(self.decoders.dl)
                 raise StopIteration from None
-            kept, data = [], []
-            for i, item, err in items:
+            except Exception as e:  # noqa: BLE001 - the dataset's own error (torch re-raises it as its type)
+                self.error, self.stopped = e, True
+                raise StopIteration from None
+            kept, data, extras = [], [], []
+            for i, item, err, *extra in items:
                 if err is None:
                     kept.append(i)
-                    data.append(tuple(t.numpy() for t in item))
+                    if extra:
+                        data.append(item)
+                        extras.append(extra[0])
+                    else:
+                        data.append(tuple(t.numpy() for t in item))
                 elif self.skip:
                     self.skipped.append(files.BadSampleError(*err))
                 else:
@@ -314,6 +347,8 @@ class ProcessEpochFeed(EpochFeed):
                     raise StopIteration
             if kept:
                 self.in_flight.append(kept)
+                if extras:
+                    self.extras.append(extras)
                 return tuple(list(col) for col in zip(*data))
 
 
@@ -325,6 +360,7 @@ class PipelineSlot:
         self.pipe = None  # (first: when the slot goes, the pipeline goes before the files it reads)
         self.decoders: Optional[ProcessDecoders] = None  # worker processes, for samples decoded on the CPU
         self.epoch: Optional[EpochFeed] = None
+        self.seed: Optional[int] = None  # the iterator's seed (the first one's seeds a slot's worker processes)
         self.dirty = False  # an epoch was left mid-way: DALI may hold prefetched batches of it
         self.fed: collections.deque = collections.deque()  # the last batches fed, which DALI reads in place
 

@@ -23,7 +23,7 @@ import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
 from nvidia.dali.pipeline import Pipeline, do_not_convert
 
-from . import timm_augment
+from . import joint_dali, timm_augment
 from .dali_scalars import Scalar, as_float, as_int, int_vector, is_node, select, smax, smin
 from .plan import Plan, Step
 
@@ -96,11 +96,15 @@ class _Graph:
     encoded: Any  # the external source's output, or its outputs (a tuple) for video
     seq: bool = False  # samples are sequences of frames (FHWC): per-sample parameters hold for every frame
     raw_output: bool = False  # a float32 output's raw uint8 pixels instead (compiler.handoff)
+    params: Any = None  # each sample's row of parameters (a joint step's: compiler.joint)
 
 
 def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampling: bool) -> None:
     kw: dict[str, Any] = dict(output_type=types.RGB, adjust_orientation=False)  # torchvision ignores EXIF
     rc = step.args.get("random_crop")
+    encoded = g.encoded
+    if step.args.get("joint"):  # (encoded file, row of parameters)
+        encoded, g.params = g.encoded
     if g.device == "gpu":
         # nvJPEG < 13.2 refuses fancy upsampling for ROI decodes (and warns for every image)
         kw.update(device="mixed", hw_decoder_load=hw_decoder_load,
@@ -112,8 +116,8 @@ def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampl
                                               random_aspect_ratio=list(rc["ratio"]), num_attempts=10, **kw)
         g.h = g.w = None  # always followed by a resize to an exact size
     else:
-        g.img = fn.decoders.image(g.encoded, **kw)
-        shape = fn.peek_image_shape(g.encoded, adjust_orientation=False, dtype=types.INT32)
+        g.img = fn.decoders.image(encoded, **kw)
+        shape = fn.peek_image_shape(encoded, adjust_orientation=False, dtype=types.INT32)
         g.h, g.w = shape[0], shape[1]
 
 
@@ -367,6 +371,7 @@ LOWER: dict[str, Callable] = {
     "slice": _slice,
     "flip": _flip,
     "crop_mirror_normalize": _crop_mirror_normalize,
+    "joint": joint_dali.lower,
 }
 
 
@@ -430,6 +435,9 @@ def _encoded(plan: Plan, source: Optional[Callable], reader: Optional[Callable],
         else:
             encoded = fn.external_source(source=source, batch=True, num_outputs=2, dtype=[
                 types.UINT8, types.INT32], ndim=[4, 1], layout=["FHWC", ""], no_copy=no_copy)
+    elif plan.steps[0].args.get("joint"):  # (encoded file, its row of the joint step's parameters)
+        encoded = fn.external_source(source=source, batch=True, num_outputs=2, dtype=[types.UINT8, types.FLOAT],
+                                     ndim=[1, 1], no_copy=no_copy)
     else:
         encoded = fn.external_source(source=source, batch=True, dtype=types.UINT8, ndim=1, name="encoded",
                                      no_copy=no_copy)

@@ -344,6 +344,8 @@ def plan(transform: Callable, input: str = "image", *, device: str = "cpu", vide
     ``device`` and ``video_decoder`` choose how clips are decoded (``VIDEO_DECODERS``): NVDEC in the
     graph, or PyAV in worker processes handing over RGB frames or, on the GPU by default, YUV planes
     that the graph converts."""
+    if input == "joint":
+        return _plan_joint(transform)
     if input.startswith("video"):
         if video_decoder not in VIDEO_DECODERS:
             raise ValueError(f"video_decoder must be one of {', '.join(map(repr, VIDEO_DECODERS))}, "
@@ -399,6 +401,24 @@ def _plan_video(transforms: list, layout: str, decoder: str, frames: str) -> Pla
     out_dtype = last["dtype"] if layout == "TCHW" else torch.uint8
     return Plan(steps=planner.steps, tail=tail, tail_reason=reason, output="video", out_dtype=out_dtype,
                 compiled=True, tail_mode="clip", affine=planner.affine)
+
+
+def _plan_joint(program) -> Plan:
+    """A joint transform recorded per sample (``compiler.joint``): decode, then one ``joint`` step whose
+    structure is ``program`` (a ``joint.JointProgram``) and whose parameters come with each sample."""
+    from .joint import affine_of
+
+    dtype, scale, shift = affine_of(program.tail)
+    parts = (["colour (brightness, contrast, saturation, hue, contrast, channel order)"] if program.colour else []) + \
+        [f"window+flip, resize ({interp[7:].lower()})" for interp, _ in program.resizes] + ["window+flip"]
+    if program.tail:
+        parts.append("dtype/normalize, CHW")
+    steps = [Step("decode", {"joint": program.width}, []),
+             Step("joint", {"program": program}, [], "per-sample parameters recorded from torchvision's own draws: "
+                  + " -> ".join(parts))]
+    affine = (scale, shift) if dtype == torch.float32 else None
+    return Plan(steps=steps, tail=[], tail_reason="", output="tensor", out_dtype=dtype, compiled=True,
+                tail_mode="tensor", affine=affine)
 
 
 def explain(transform: Callable, device: Optional[str] = None) -> str:

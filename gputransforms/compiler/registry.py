@@ -7,7 +7,9 @@ An ``Entry`` says, for one class:
   batch on the device with torchvision's per-sample meaning), used after the graph and for in-memory data;
 - ``vectorized``: its draw-ahead form (``vectorized``: the batch's parameters drawn on the CPU, applied
   on the device), used for in-memory data and, with ``graph``, inside a CUDA graph;
-- ``graph``: how a deterministic stage enters a CUDA graph of an in-memory chain ("normalize", "dtype").
+- ``graph``: how a deterministic stage enters a CUDA graph of an in-memory chain ("normalize", "dtype");
+- ``joint``: it may take part in a joint transform compiled by recording (``joint``: it runs as written on
+  a stand-in image and the real target, and the image functionals it calls are ones the joint graph does).
 
 A class is looked up by its exact type. A user's subclass gets its base's entry only where its
 behaviour is provably the base's (``chain.user_override``: it overrides none of forward, __call__,
@@ -36,6 +38,7 @@ class Entry:
     batched: Optional[Callable[[object], Optional[batched.Batched]]] = None
     vectorized: Optional[Callable[[object], Optional[vectorized.Vectorized]]] = None
     graph: Optional[str] = None
+    joint: bool = False
 
 
 REGISTRY: dict[type, Entry] = {}
@@ -177,3 +180,22 @@ register((tv1.RandomApply, tv2.RandomApply), batched=lambda t: batched.lower_ran
 register((tv1.RandomChoice, tv2.RandomChoice), batched=lambda t: batched.lower_random_choice(t, batched_of))
 register((tv1.RandomOrder, tv2.RandomOrder), batched=lambda t: batched.lower_random_order(t, batched_of))
 register((tv1.Compose, tv2.Compose), batched=lambda t: batched.sequence(t.transforms, batched_of))
+
+
+# --- joint transforms (image and tv_tensor targets), recorded: compiler/joint.py --------------------------
+def _allow_joint(classes: tuple) -> None:
+    for cls in classes:
+        REGISTRY[cls] = dataclasses.replace(REGISTRY.get(cls, Entry()), joint=True)
+
+
+_allow_joint((tv2.ToImage, tv2.PILToTensor, tv2.RandomPhotometricDistort, tv2.RandomZoomOut, tv2.RandomIoUCrop,
+              tv2.RandomHorizontalFlip, tv2.RandomVerticalFlip, tv2.ScaleJitter,
+              tv2.RandomShortestSize, tv2.RandomResize, tv2.Resize, tv2.RandomCrop, tv2.CenterCrop, tv2.Pad,
+              tv2.ToDtype, tv2.ConvertImageDtype, tv2.Normalize, tv2.ConvertBoundingBoxFormat, tv2.ClampBoundingBoxes,
+              tv2.SanitizeBoundingBoxes, tv2.ToPureTensor, tv2.Compose))
+
+
+def joint_ok(t) -> bool:
+    """Whether ``t`` may take part in a recorded joint transform (its class's entry, as ``lookup`` finds it)."""
+    entry = lookup(t)
+    return entry is not None and entry.joint

@@ -1,10 +1,17 @@
 """Detection and segmentation datasets of torchvision v2: ``wrap_dataset_for_transforms_v2`` around
 ``CocoDetection``, ``VOCDetection`` or ``VOCSegmentation``, as torchvision's references build them
-(``Subset``s of them too). The graph decodes each image
-(nvJPEG on the GPU) to a uint8 CHW tensor on the device; the target is torchvision's own (its
-wrapper's boxes, labels, masks, ... from the annotations, with the canvas size read from the file's
-header); the joint transform then runs per sample, as written, with torchvision's kernels: image on
-the device, target on the CPU, so boxes and masks follow the pixels exactly as they do in torchvision.
+(``Subset``s of them too). The target is torchvision's own (its wrapper's boxes, labels, masks, ... from
+the annotations, with the canvas size read from the file's header).
+
+Two ways to run the joint transform:
+
+- **recorded** (every step has a ``joint`` entry in the registry: the references' presets): in torch's
+  worker processes (``num_workers``; none: this thread) the transform runs as written on a stand-in image
+  and the real target (``compiler.joint``): torchvision draws every parameter and moves boxes and masks
+  itself; the graph decodes and does the pixel work for the whole batch from each sample's recorded
+  parameters.
+- **per sample** (any other step): the graph decodes each image (nvJPEG on the GPU) to a uint8 CHW tensor
+  on the device; the joint transform then runs per sample, as written, with torchvision's kernels.
 
 Compiled when the joint transform starts with a conversion to tensor (``ToImage()`` or
 ``PILToTensor()``: the reference's ``--backend tv_tensor`` / ``tensor``), since its augmentations then
@@ -13,14 +20,19 @@ DataLoader, whose PIL kernels differ from the tensor ones.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Optional
 
+import numpy as np
 import torch
 import torchvision
 from PIL import Image
 from torch.utils.data import default_collate
 
+from .. import files
+from ..compiler import joint as recorded
+from ..compiler.registry import joint_ok
 from ..device import to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
@@ -132,15 +144,54 @@ def _first_conversion(joint) -> Optional[str]:
 
 class DetectionSamples(FileSamples):
     """Images of a wrapped CocoDetection: the graph decodes ``paths[i]``; ``target(i)`` is torchvision's
-    wrapped target; ``items`` runs the joint transform per sample on the decoded image."""
+    wrapped target; ``items`` runs the joint transform per sample on the decoded image, or, where
+    ``program`` is set, the transform is recorded per sample by ``reader`` (in torch's workers) and the
+    graph runs ``program`` (``compiler.joint``)."""
 
-    def __init__(self, ds, index: list, joint, kind: str, origin: str):
+    def __init__(self, ds, index: list, joint, kind: str, origin: str, program=None):
         from torchvision.transforms import v2
 
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         super().__init__([paths[k] for k in index], list(index), v2.PILToTensor(), None, origin)
         self.ds, self.joint, self.kind = ds, joint, kind
+        self.program = program
+        if program is not None:
+            self.plan_input = "joint"
+            self.transform = program
+            self.extras = True  # each sample's target comes with its inputs (feed.ProcessDecoders)
+
+    def reader(self, *, gpu: bool, check_jpeg_scan: bool):
+        if self.program is None:
+            return super().reader(gpu=gpu, check_jpeg_scan=check_jpeg_scan)
+        paths, program, joint, kind, ds, raw_target, targets = (self.paths, self.program, self.joint, self.kind,
+                                                                self.ds, self.raw_target, self.targets)
+
+        def read(i: int):
+            """(the encoded file, its row of parameters), (the output's type, the pickled target)."""
+            import io
+            import pickle
+
+            path = paths[i]
+            data = files.read_sample(i, path)
+            encoded = files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
+            try:
+                img = Image.open(io.BytesIO(data))  # the header: the canvas size the wrapper asks of the image
+            except (OSError, SyntaxError, ValueError) as e:
+                raise files.BadSampleError(i, path, f"cannot be decoded ({type(e).__name__}: {e})") from e
+            k = targets[i]
+            target = ds._wrapper(k, (img, raw_target(k)))[1]
+            size = (img.height, img.width)
+            ops, target, out_kind = recorded.record(joint, size, target, kind)
+            row = program.row(ops, size)
+            if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
+                image = recorded.replay(torch.from_numpy(
+                    np.asarray(files.pil_rgb(i, path, data))).permute(2, 0, 1), ops)
+                encoded = files.bmp_of(image.permute(1, 2, 0).contiguous().numpy())
+                row = program.identity(tuple(image.shape[-2:]))
+            return (encoded, row), (out_kind, pickle.dumps(target))
+
+        return read
 
     def target(self, i: int):
         """torchvision's wrapped target of sample ``i`` (the wrapper reads only the image's size)."""
@@ -157,17 +208,24 @@ class DetectionSamples(FileSamples):
             image = tv_tensors.Image(image)
         return self.joint(image, self.target(i)) if self.joint is not None else (image, self.target(i))
 
-    def items(self, images, indices) -> list:
+    def items(self, images, indices, extras=None) -> list:
+        if extras is not None:  # recorded: the targets came from the workers, the images from the graph
+            import pickle
+
+            from torchvision import tv_tensors
+
+            return [(tv_tensors.Image(img) if kind == "image" else img, pickle.loads(target))
+                    for img, (kind, target) in zip(images, extras)]
         return [self.sample(img, i) for img, i in zip(images, indices)]
 
-    def batch(self, images, labels, dev, indices) -> Any:
+    def batch(self, images, labels, dev, indices, extras=None) -> Any:
         """What torch's default_collate makes of the items (it raises, as it does, for images of
         different sizes: detection loaders pass a collate_fn)."""
-        items = self.items(images.unbind(0) if isinstance(images, torch.Tensor) else images, indices)
+        items = self.items(images.unbind(0) if isinstance(images, torch.Tensor) else images, indices, extras)
         return to_device(default_collate(items), dev)
 
     def per_sample_note(self) -> Optional[str]:
-        if self.joint is None:
+        if self.joint is None or self.program is not None:
             return None
         names = [type(t).__name__ for t in _steps(self.joint)]
         note = (f"{', '.join(names)} run(s) per sample on the decoded images with torchvision's kernels (boxes "
@@ -188,8 +246,12 @@ class DetectionSamples(FileSamples):
         values = target.values() if isinstance(target, dict) else [target]
         types = ["Image"] + sorted({type(v).__name__ for v in values
                                     if isinstance(v, tv_tensors.TVTensor) and not isinstance(v, tv_tensors.Image)})
-        lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on the "
-                 f"device, the target on the CPU), on {', '.join(types)}:"]
+        if self.program is not None:
+            lines = [f"  joint transform, recorded per sample in torch's worker processes (torchvision draws the "
+                     f"parameters and moves the targets; the graph moves the pixels), on {', '.join(types)}:"]
+        else:
+            lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on "
+                     f"the device, the target on the CPU), on {', '.join(types)}:"]
         width = max(len(type(t).__name__) for t in _steps(self.joint))
         lines += [f"    {type(t).__name__:{width}s}  {_effects(type(t).__name__, types)}" for t in _steps(self.joint)]
         return lines
@@ -198,6 +260,8 @@ class DetectionSamples(FileSamples):
         return [n for n in (type(t).__name__ for t in _steps(self.joint)) if n in _HEAVY] if self.joint else []
 
     def faster_on_workers(self, num_workers: int) -> Optional[str]:
+        if self.program is not None:
+            return None
         heavy = self._heavy()
         if heavy and num_workers >= WORKERS_FASTER:
             return (f"{', '.join(heavy)} run per sample; in torch's {num_workers} worker processes they run faster "
@@ -221,8 +285,50 @@ def resolve_detection(ds) -> DetectionSamples:
     if kind is None:
         raise NotCompilable(f"{type(ds).__name__}'s joint transform augments PIL images", _ADVICE)
     names = [type(t).__name__ for t in _steps(joint)] if joint is not None else []
+    program = _program(ds, joint, kind)
+    if program is not None:
+        return DetectionSamples(ds, range(len(ds)), joint, kind,
+                                f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's "
+                                f"targets; the joint transform ({', '.join(names) or 'none'}) recorded per sample, its "
+                                "pixel work in the graph (datasets/detection.py, compiler/joint.py)", program)
     return DetectionSamples(ds, range(len(ds)), joint, kind,
                             f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's "
                             f"targets; the joint transform ({', '.join(names) or 'none'}) per sample on the "
                             "decoded image with torchvision's kernels (datasets/detection.py)")
+
+
+_RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
+_PADS = ("RandomZoomOut", "RandomCrop", "Pad")
+
+
+def _program(ds, joint, kind: str) -> Optional[recorded.JointProgram]:
+    """The joint graph's structure for ``joint``, where every step may be recorded (the registry's
+    ``joint`` entries) and a recording of one sample works; else None (per sample after the graph)."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2._utils import _get_fill
+
+    steps = _steps(joint) if joint is not None else []
+    if not steps or not all(joint_ok(t) for t in steps) or not len(ds):
+        return None
+    image_type = tv_tensors.Image if kind == "image" else torch.Tensor
+    resizes = tuple((recorded.interp_name(t.interpolation), bool(getattr(t, "antialias", True)))
+                    for t in steps if type(t).__name__ in _RESIZES)
+    fills = [recorded.uint8_fill(_get_fill(t._fill, image_type)) for t in steps
+             if type(t).__name__ in _PADS and hasattr(t, "_fill")]
+    program = recorded.JointProgram(colour=any(type(t).__name__ == "RandomPhotometricDistort" for t in steps),
+                                    resizes=resizes, fill=fills[0] if fills else (0, 0, 0), tail=())
+    paths, raw_target = KINDS[type(ds._dataset)](ds._dataset)
+    for k in range(min(8, len(paths))):  # one sample recorded, for the value tail (ToDtype, Normalize)
+        try:
+            with torch.random.fork_rng(devices=[]), Image.open(paths[k]) as img:
+                target = ds._wrapper(k, (img, raw_target(k)))[1]
+                ops, _, _ = recorded.record(joint, (img.height, img.width), target, kind)
+            tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
+            recorded.affine_of(tail)
+            return dataclasses.replace(program, tail=tail)
+        except recorded.Unrecordable:
+            return None
+        except Exception:  # noqa: BLE001 - this sample's own error (no boxes, say): the next one
+            continue
+    return None
 

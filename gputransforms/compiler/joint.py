@@ -1,0 +1,375 @@
+"""Joint transforms (image and tv_tensor targets together: detection, segmentation) compiled by recording.
+
+torchvision's v2 transform runs as written, with the real target, on a *stand-in* image: a tensor of the
+image's shape and dtype whose storage is one element. Every random parameter is drawn by torchvision's
+own code from torch's RNG, boxes and masks are moved by torchvision's own kernels (exactly as in
+torchvision), and each image functional the transform calls (``F.crop``, ``F.pad``, ``F.adjust_hue``, ...)
+is recorded instead of run. ``JointProgram.row`` turns one sample's record into one row of parameters for
+the graph's fixed structure (``compiler.dali``'s ``joint`` step), which does the pixel work for the whole
+batch:
+
+    colour block (brightness, contrast, saturation, hue, contrast, channel permutation: the order of
+    RandomPhotometricDistort; each an identity where a sample skips it)
+    -> stage 0: one window (every crop and pad of the stage folded into one slice, padding with the
+       fill) and one flip -> resize -> stage 1 ... -> dtype, normalize, CHW
+
+A sample whose record does not fit that structure (an op the structure lacks, or in another order) is
+*replayed*: its recorded functionals run with torchvision's kernels on the image PIL decodes, and the
+graph takes the result as it is (``replay``). Nothing is drawn twice, so the distribution is
+torchvision's either way.
+
+Which transform classes may take part is the registry's ``joint`` entry (``registry.joint_of``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import threading
+from typing import Optional
+
+import numpy as np
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2.functional import _utils as _futils
+
+#: the functionals the graph does: colour (in RandomPhotometricDistort's order), geometry, value tail
+COLOUR_SLOTS = ("adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_contrast",
+                "permute_channels")
+GEOMETRY = ("crop", "pad", "horizontal_flip", "vertical_flip", "resize", "center_crop")
+TAIL = ("to_dtype", "normalize")
+_QUERIES = ("get_size", "get_dimensions", "get_num_channels", "get_num_frames")
+
+#: the width of a row's parts (``JointProgram.row``)
+COLOUR_WIDTH = 15  # brightness, contrast, saturation, hue applied, hue, contrast, 3x3 permutation
+STAGE_WIDTH = 6  # window top, left, height, width; horizontal flip, vertical flip
+RESIZE_WIDTH = 2  # height, width
+
+
+class Unrecordable(Exception):
+    """The transform called an image functional the recording does not know (it runs as written)."""
+
+
+# --- recording ------------------------------------------------------------------------------------------
+
+_LOCAL = threading.local()
+_SWAP_LOCK = threading.RLock()
+
+
+class _Record:
+    """The functionals called on the stand-ins of one sample, by stand-in (its storage's address)."""
+
+    def __init__(self):
+        self.ops: dict[int, list] = {}
+        self.alive: list = []  # the stand-ins, so that no address is reused while the record lives
+
+    def stand_in(self, like, shape, dtype, ops: list):
+        t = torch.empty((), dtype=dtype).expand(*shape)
+        self.alive.append(t)
+        self.ops[t.data_ptr()] = ops
+        return t.as_subclass(tv_tensors.Image) if isinstance(like, tv_tensors.Image) else t
+
+
+def _bound(real, inpt, args, kwargs) -> dict:
+    b = inspect.signature(real).bind(inpt, *args, **kwargs)
+    b.apply_defaults()
+    out = dict(b.arguments)
+    out.pop(next(iter(out)))  # the image
+    return out
+
+
+def _shape_after(name: str, shape: tuple, dtype, a: dict) -> tuple:
+    c, h, w = shape[-3:]
+    if name in COLOUR_SLOTS or name in ("horizontal_flip", "vertical_flip", "normalize"):
+        return shape, dtype
+    if name == "to_dtype":
+        return shape, a["dtype"]
+    if name == "crop":
+        return (c, int(a["height"]), int(a["width"])), dtype
+    if name == "pad":
+        left, right, top, bottom = F._geometry._parse_pad_padding(a["padding"])
+        return (c, h + top + bottom, w + left + right), dtype
+    if name == "resize":
+        nh, nw = F._geometry._compute_resized_output_size((h, w), size=a["size"], max_size=a.get("max_size"))
+        return (c, nh, nw), dtype
+    if name == "center_crop":
+        ch, cw = F._geometry._center_crop_parse_output_size(a["output_size"])
+        return (c, ch, cw), dtype
+    raise Unrecordable(name)
+
+
+def _recording_kernel(functional, real):
+    name = functional.__name__
+
+    def kernel(inpt, *args, **kwargs):
+        rec = getattr(_LOCAL, "record", None)
+        ops = rec.ops.get(inpt.data_ptr()) if rec is not None else None
+        if ops is None:  # not one of ours (another thread's torchvision call while the kernels are swapped)
+            return real(inpt, *args, **kwargs)
+        if name not in COLOUR_SLOTS + GEOMETRY + TAIL:
+            raise Unrecordable(name)
+        a = _bound(real, inpt, args, kwargs)
+        shape, dtype = _shape_after(name, tuple(inpt.shape), inpt.dtype, a)
+        return rec.stand_in(inpt, shape, dtype, ops + [(name, a, tuple(inpt.shape[-2:]))])
+
+    return kernel
+
+
+_SWAPPED = [0]  # how many recording() contexts are open (the kernels are swapped while > 0)
+_SAVED: list = []
+
+
+def _swap_in() -> None:
+    for functional, registry in list(_futils._KERNEL_REGISTRY.items()):
+        if functional.__name__ in _QUERIES:
+            continue
+        for cls in (tv_tensors.Image, torch.Tensor):
+            real = registry.get(cls)
+            if real is not None:
+                _SAVED.append((registry, cls, real))
+                registry[cls] = _recording_kernel(functional, getattr(real, "__wrapped__", real))
+
+
+@contextlib.contextmanager
+def recording():
+    """While this lasts, the image kernels of every functional (for tv_tensors.Image and plain
+    tensors) record when given a stand-in; given any other tensor they run as before, so torchvision
+    calls elsewhere in the process are unaffected. ``record`` runs inside it."""
+    with _SWAP_LOCK:
+        if not _SWAPPED[0]:
+            _swap_in()
+        _SWAPPED[0] += 1
+    try:
+        yield
+    finally:
+        with _SWAP_LOCK:
+            _SWAPPED[0] -= 1
+            if not _SWAPPED[0]:
+                for registry, cls, real in reversed(_SAVED):
+                    registry[cls] = real
+                _SAVED.clear()
+
+
+def keep_recording() -> None:
+    """Swap the kernels for the rest of the process (a worker process that only records)."""
+    recording().__enter__()
+
+
+def record(joint, size: tuple, target, kind: str = "image") -> tuple:
+    """Run ``joint(image, target)`` on a stand-in uint8 RGB image of ``size`` (h, w): returns (the
+    recorded functionals applied to the image, in order, each (name, arguments, size before); the
+    transformed target; the output image's type: "image" or "tensor"). Unrecordable if the transform
+    calls a functional the graph lacks."""
+    rec = _Record()
+    image = rec.stand_in(tv_tensors.Image(torch.empty(1, 1)) if kind == "image" else torch.empty(0),
+                         (3, int(size[0]), int(size[1])), torch.uint8, [])
+    prev = getattr(_LOCAL, "record", None)
+    _LOCAL.record = rec
+    try:
+        with recording():
+            out = joint(image, target) if joint is not None else (image, target)
+    finally:
+        _LOCAL.record = prev
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not isinstance(out[0], torch.Tensor):
+        raise Unrecordable("the joint transform did not return (image, target)")
+    ops = rec.ops.get(out[0].data_ptr())
+    if ops is None:
+        raise Unrecordable("the image the joint transform returned is not the one it was given")
+    return ops, out[1], "image" if isinstance(out[0], tv_tensors.Image) else "tensor"
+
+
+def replay(image: torch.Tensor, ops: list) -> torch.Tensor:
+    """The recorded functionals (the value tail left out) run on the real image with torchvision's kernels."""
+    for name, a, _ in ops:
+        if name in TAIL:
+            continue
+        image = getattr(F, name)(image, **a)
+    return image
+
+
+# --- the graph's structure and one row per sample ----------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class JointProgram:
+    """The fixed structure of a joint graph (what ``compiler.dali`` builds), and how one sample's record
+    becomes a row of its parameters."""
+
+    colour: bool  # the colour block is in the graph
+    resizes: tuple  # per resize: (interpolation name as DALI's, antialias)
+    fill: tuple  # the uint8 fill of every padding (one per graph)
+    tail: tuple  # the value ops at the end: ("to_dtype", dtype, scale) / ("normalize", mean, std)
+
+    @property
+    def width(self) -> int:
+        return (COLOUR_WIDTH if self.colour else 0) + STAGE_WIDTH * (len(self.resizes) + 1) + \
+            RESIZE_WIDTH * len(self.resizes)
+
+    def identity(self, size: tuple) -> np.ndarray:
+        """The row of a sample the graph leaves as it is (a replayed one) at ``size``."""
+        row = []
+        if self.colour:
+            row += [1.0, 1.0, 1.0, 0.0, 0.0, 1.0] + list(np.eye(3).ravel())
+        for k in range(len(self.resizes) + 1):
+            row += [0, 0, size[0], size[1], 0, 0]
+            if k < len(self.resizes):
+                row += [size[0], size[1]]
+        return np.asarray(row, dtype=np.float32)
+
+    def row(self, ops: list, size: tuple) -> Optional[np.ndarray]:
+        """One sample's row, from its record on an image of ``size``; None where the structure cannot
+        express it (the sample is then replayed); long because it is one pass over the record: each op
+        moves the window, the flips and the colour slots that the ops after it read."""
+        colour = [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+        perm = np.eye(3)
+        slot = 0
+        stages: list = []
+        win = [0, 0, size[0], size[1]]  # top, left, height, width in the stage's input
+        flips = [0, 0]  # horizontal, vertical
+        geometry = False
+        tail: list = []
+        for name, a, before in ops:
+            if tail and name not in TAIL:
+                return None
+            if name in COLOUR_SLOTS:
+                # per-pixel maps and a mean over the whole image: they commute with flips only
+                if geometry or not self.colour:
+                    return None
+                k = next((j for j in range(slot, len(COLOUR_SLOTS)) if COLOUR_SLOTS[j] == name), None)
+                if k is None:
+                    return None
+                slot = k + 1
+                if name == "permute_channels":
+                    perm = np.eye(3)[list(a["permutation"])] @ perm if len(a["permutation"]) == 3 else None
+                    if perm is None:
+                        return None
+                elif name == "adjust_hue":
+                    colour[3], colour[4] = 1.0, float(a["hue_factor"])
+                else:
+                    colour[{0: 0, 1: 1, 2: 2, 4: 5}[k]] = float(a[name.replace("adjust_", "") + "_factor"])
+            elif name in ("horizontal_flip", "vertical_flip"):
+                flips[0 if name == "horizontal_flip" else 1] ^= 1
+            elif name == "crop":
+                top, left, h, w = int(a["top"]), int(a["left"]), int(a["height"]), int(a["width"])
+                if top < 0 or left < 0 or top + h > before[0] or left + w > before[1] or h <= 0 or w <= 0:
+                    return None  # torchvision pads with zeros there: not the stage's fill
+                geometry = True
+                win = _crop_window(win, flips, top, left, h, w)
+            elif name in ("pad", "center_crop"):
+                if name == "center_crop":
+                    pads, crop = _center_crop(before, a["output_size"])
+                    fill, mode = 0, "constant"
+                else:
+                    pads, crop, fill, mode = F._geometry._parse_pad_padding(a["padding"]), None, a["fill"], \
+                        a["padding_mode"]
+                left, right, top, bottom = pads
+                if any(p < 0 for p in pads) or mode != "constant":
+                    return None
+                geometry = True
+                if any(pads):
+                    if uint8_fill(fill) != self.fill:  # one fill per graph
+                        return None
+                    win = _pad_window(win, flips, left, right, top, bottom)
+                if crop is not None:
+                    top, left, h, w = crop
+                    win = _crop_window(win, flips, top, left, h, w)
+            elif name == "resize":
+                k = len(stages)
+                nh, nw = F._geometry._compute_resized_output_size(tuple(before), size=a["size"],
+                                                                 max_size=a.get("max_size"))
+                if k >= len(self.resizes) or interp_name(a["interpolation"]) != self.resizes[k][0] or \
+                        bool(a["antialias"]) != self.resizes[k][1]:
+                    return None
+                geometry = True
+                stages.append((win, flips, (nh, nw)))
+                win, flips = [0, 0, nh, nw], [0, 0]
+            elif name in TAIL:
+                tail.append(tail_op(name, a))
+            else:
+                return None
+        if len(stages) != len(self.resizes) or tuple(tail) != self.tail:
+            return None
+        row = []
+        if self.colour:
+            row += colour + list(perm.ravel())
+        for w, f, out in stages:
+            row += list(w) + list(f) + list(out)
+        row += win + flips
+        return np.asarray(row, dtype=np.float32)
+
+
+def _crop_window(win, flips, top, left, h, w):
+    """The window after cropping (top, left, h, w) of what the window shows, flipped by ``flips``."""
+    y0, x0, wh, ww = win
+    if flips[0]:
+        left = ww - left - w
+    if flips[1]:
+        top = wh - top - h
+    return [y0 + top, x0 + left, h, w]
+
+
+def _pad_window(win, flips, left, right, top, bottom):
+    y0, x0, wh, ww = win
+    if flips[0]:
+        left, right = right, left
+    if flips[1]:
+        top, bottom = bottom, top
+    return [y0 - top, x0 - left, wh + top + bottom, ww + left + right]
+
+
+def _center_crop(before, output_size) -> tuple:
+    """torchvision's center_crop_image as a padding (with zeros) and a crop."""
+    g = F._geometry
+    ch, cw = g._center_crop_parse_output_size(output_size)
+    h, w = before
+    pads = [0, 0, 0, 0]
+    if ch > h or cw > w:
+        left, top, right, bottom = g._center_crop_compute_padding(ch, cw, h, w)
+        pads = [left, right, top, bottom]
+        h, w = h + top + bottom, w + left + right
+    top, left = g._center_crop_compute_crop_anchor(ch, cw, h, w)
+    return pads, (top, left, ch, cw)
+
+
+def uint8_fill(fill) -> tuple:
+    """The three uint8 values torchvision's pad writes into a uint8 RGB image for ``fill``."""
+    return _uint8_fill(tuple(fill) if isinstance(fill, (list, tuple)) else fill)
+
+
+@functools.lru_cache(maxsize=64)
+def _uint8_fill(fill) -> tuple:
+    probe = F._geometry.pad_image(torch.zeros(3, 1, 1, dtype=torch.uint8), [1], fill=fill)
+    return tuple(int(v) for v in probe[:, 0, 0])
+
+
+def interp_name(interpolation) -> str:
+    from torchvision.transforms.v2.functional._geometry import _check_interpolation
+
+    mode = _check_interpolation(interpolation)
+    return {"NEAREST": "INTERP_NN", "NEAREST_EXACT": "INTERP_NN", "BILINEAR": "INTERP_LINEAR",
+            "BICUBIC": "INTERP_CUBIC", "LANCZOS": "INTERP_LANCZOS3"}.get(mode.name, "?" + mode.name)
+
+
+def tail_op(name: str, a: dict) -> tuple:
+    if name == "to_dtype":
+        return ("to_dtype", a["dtype"], bool(a["scale"]))
+    return ("normalize", tuple(float(m) for m in a["mean"]), tuple(float(s) for s in a["std"]))
+
+
+def affine_of(tail: tuple) -> tuple:
+    """The output's dtype, and per channel (scale, shift) of the raw uint8 pixels, for the tail ops."""
+    dtype, scale, shift = torch.uint8, [1.0] * 3, [0.0] * 3
+    for op in tail:
+        if op[0] == "to_dtype":
+            new, sc = op[1], op[2]
+            if new.is_floating_point and sc and not dtype.is_floating_point:
+                scale, shift = [s / 255.0 for s in scale], [b / 255.0 for b in shift]
+            elif not new.is_floating_point and new != dtype:
+                raise Unrecordable(f"to_dtype({new})")
+            dtype = new
+        else:
+            mean, std = list(op[1]) * (3 if len(op[1]) == 1 else 1), list(op[2]) * (3 if len(op[2]) == 1 else 1)
+            scale = [s / d for s, d in zip(scale, std)]
+            shift = [(b - m) / d for b, m, d in zip(shift, mean, std)]
+    return dtype, tuple(scale), tuple(shift)

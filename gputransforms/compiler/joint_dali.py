@@ -1,0 +1,114 @@
+"""The ``joint`` step in DALI: the fixed structure of a ``joint.JointProgram``, each sample's numbers from
+its row of parameters (the external source's second output). Colour ops follow torchvision's uint8
+arithmetic (``adjust_*_image``: float products truncated to uint8 after each op, contrast about the
+image's mean grey, hue through torchvision's HSV formulas); a sample that skips an op gets that op's
+identity, which is exact."""
+from __future__ import annotations
+
+import nvidia.dali.fn as fn
+import nvidia.dali.math as dmath
+import nvidia.dali.types as types
+from nvidia.dali.pipeline import do_not_convert
+
+from .joint import COLOUR_WIDTH, RESIZE_WIDTH, STAGE_WIDTH
+
+_GREY = [0.2989, 0.587, 0.114]
+
+
+def _u8(x):
+    """torchvision's ``_blend`` on uint8: clamp to [0, 255], then truncate (``.to(uint8)``)."""
+    return dmath.floor(dmath.clamp(x, 0.0, 255.0))
+
+
+def _grey(x):
+    """``_rgb_to_grayscale_image(preserve_dtype=False).floor_()`` of a uint8 image (HWC, as floats)."""
+    r, g, b = x[:, :, 0], x[:, :, 1], x[:, :, 2]
+    return dmath.floor(r * _GREY[0] + g * _GREY[1] + b * _GREY[2])
+
+
+def _contrast(x, c):
+    mean = fn.reductions.mean(_grey(x))
+    return _u8(x * c + mean * (1.0 - c))
+
+
+def _saturation(x, s):
+    grey = fn.stack(*([_grey(x)] * 3), axis=2)
+    return _u8(x * s + grey * (1.0 - s))
+
+
+def _hue(x, apply, h):
+    """``adjust_hue_image``: to [0, 1], to HSV, shift, back, to uint8 with ``* 255.999`` truncated;
+    ``x`` where ``apply`` is 0."""
+    img = x * (1.0 / 255.0)
+    r, g, b = img[:, :, 0], img[:, :, 1], img[:, :, 2]
+    maxc = dmath.max(dmath.max(r, g), b)
+    minc = dmath.min(dmath.min(r, g), b)
+    eqc = maxc == minc
+    crange = maxc - minc
+    s = crange / (maxc + eqc * (1.0 - maxc))
+    div = crange + eqc * (1.0 - crange)
+    rc, gc, bc = (maxc - r) / div, (maxc - g) / div, (maxc - b) / div
+    neq_r = maxc != r
+    eq_g = maxc == g
+    hg = (rc + 2.0 - bc) * (eq_g & neq_r)
+    hr = (bc - gc) * (neq_r == 0)
+    hb = (gc + 4.0 - rc) * (neq_r & (eq_g == 0))
+    hh = (hr + hg + hb) * (1.0 / 6.0) + 1.0
+    hh = hh - dmath.floor(hh)  # fmod(., 1) of a positive number
+    hh = hh + h
+    hh = hh - dmath.floor(hh)  # remainder(., 1)
+    h6 = hh * 6.0
+    i = dmath.floor(h6)
+    f = h6 - i
+    i = i - (i >= 6.0) * 6.0
+    sxf = s * f
+    q = dmath.clamp((1.0 - sxf) * maxc, 0.0, 1.0)
+    t = dmath.clamp((sxf + (1.0 - s)) * maxc, 0.0, 1.0)
+    p = dmath.clamp((1.0 - s) * maxc, 0.0, 1.0)
+    v = maxc
+    i0, i1, i2, i3, i4, i5 = (i == 0.0), (i == 1.0), (i == 2.0), (i == 3.0), (i == 4.0), (i == 5.0)
+    out_r = v * (i0 | i5) + q * i1 + p * (i2 | i3) + t * i4
+    out_g = t * i0 + v * (i1 | i2) + q * i3 + p * (i4 | i5)
+    out_b = p * (i0 | i1) + t * i2 + v * (i3 | i4) + q * i5
+    rgb = dmath.floor(fn.stack(out_r, out_g, out_b, axis=2) * (255.0 + 1.0 - 1e-3))
+    return x + (rgb - x) * apply
+
+
+@do_not_convert
+def lower(g, step, **_) -> None:
+    program = step.args["program"]
+    p = g.params  # CPU: argument inputs read it there
+    pa = p.gpu() if g.device == "gpu" else p  # the arithmetic's scalars, beside the pixels
+    x = g.img
+    off = 0
+    if program.colour:
+        xf = fn.cast(x, dtype=types.FLOAT)
+        xf = _u8(xf * pa[0])
+        xf = _contrast(xf, pa[1])
+        xf = _u8(xf * pa[2] + fn.stack(*([_grey(xf)] * 3), axis=2) * (1.0 - pa[2]))
+        xf = _hue(xf, pa[3], pa[4])
+        xf = _contrast(xf, pa[5])
+        xf = fn.coord_transform(xf, M=fn.reshape(p[6:15], shape=[3, 3]))
+        x = fn.cast(xf, dtype=types.UINT8)
+        off = COLOUR_WIDTH
+    fill = [float(v) for v in program.fill]
+    for k in range(len(program.resizes) + 1):
+        start = fn.cast(fn.stack(p[off], p[off + 1]), dtype=types.INT32)
+        shape = fn.cast(fn.stack(p[off + 2], p[off + 3]), dtype=types.INT32)
+        x = fn.slice(x, start=start, shape=shape, axis_names="HW", out_of_bounds_policy="pad", fill_values=fill)
+        x = fn.flip(x, horizontal=fn.cast(p[off + 4], dtype=types.INT32),
+                    vertical=fn.cast(p[off + 5], dtype=types.INT32))
+        off += STAGE_WIDTH
+        if k < len(program.resizes):
+            interp, antialias = program.resizes[k]
+            x = fn.resize(x, resize_y=p[off], resize_x=p[off + 1], interp_type=getattr(types, interp),
+                          antialias=antialias)
+            off += RESIZE_WIDTH
+    from .joint import affine_of
+
+    dtype, scale, shift = affine_of(program.tail)
+    if g.raw_output or not dtype.is_floating_point:
+        g.img = fn.transpose(x, perm=[2, 0, 1])  # raw uint8 pixels (the hand-off maps them), CHW
+    else:
+        g.img = fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW",
+                                         mean=[-b / a for a, b in zip(scale, shift)], std=[1.0 / a for a in scale])
