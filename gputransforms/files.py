@@ -141,7 +141,7 @@ def sniff(data: bytes) -> str:
     return "other"
 
 
-def _pil_open(data: bytes, index: int, path: str) -> Image.Image:
+def pil_open(data: bytes, index: int, path: str) -> Image.Image:
     try:
         img = Image.open(io.BytesIO(data))  # runs PIL's decompression-bomb check on the header
     except Image.DecompressionBombError:
@@ -152,14 +152,12 @@ def _pil_open(data: bytes, index: int, path: str) -> Image.Image:
 
 
 def _pil_to_bmp(data: bytes, index: int, path: str) -> bytes:
-    img = _pil_open(data, index, path)
+    img = pil_open(data, index, path)
     try:
         rgb = img.convert("RGB")
     except Exception as e:  # noqa: BLE001
         raise BadSampleError(index, path, f"PIL cannot decode it ({type(e).__name__}: {e})") from e
-    buf = io.BytesIO()
-    rgb.save(buf, format="BMP")
-    return buf.getvalue()
+    return _bmp_bytes(rgb)
 
 
 #: On the GPU, nvJPEG's chroma upsampling differs from libjpeg-turbo's most at image borders; on a
@@ -173,23 +171,23 @@ def prepare(index: int, path: str, *, small_jpegs_via_pil: bool = False, check_j
     ``small_jpegs_via_pil``: decode JPEGs with a side under SMALL_JPEG_SIDE with PIL (GPU decoding);
     ``check_jpeg_scan``: look for invalid markers in the entropy-coded data; a JPEG that has one is
     left to PIL, which raises for it like torchvision would."""
-    return prepare_bytes(index, path, _read_sample(index, path), small_jpegs_via_pil=small_jpegs_via_pil,
+    return prepare_bytes(index, path, read_sample(index, path), small_jpegs_via_pil=small_jpegs_via_pil,
                          check_jpeg_scan=check_jpeg_scan)
 
 
 def bmp_of(pixels: np.ndarray) -> np.ndarray:
     """An HWC uint8 RGB array as a BMP file for the graph's decoder (lossless)."""
+    return _as_array(_bmp_bytes(Image.fromarray(pixels, "RGB")))
+
+
+def _bmp_bytes(rgb: Image.Image) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buf, format="BMP")
-    return _as_array(buf.getvalue())
+    rgb.save(buf, format="BMP")
+    return buf.getvalue()
 
 
 def read_sample(index: int, path: str) -> bytes:
     """The file's bytes, or BadSampleError naming it."""
-    return _read_sample(index, path)
-
-
-def _read_sample(index: int, path: str) -> bytes:
     try:
         return read_file(path)
     except OSError as e:
@@ -220,11 +218,11 @@ def prepare_bytes(index: int, path: str, data: bytes, *, small_jpegs_via_pil: bo
             damage = png_damage(data)
             return _as_array(data if damage is None else _damaged_via_pil(data, index, path, damage))
         if kind == "bmp":
-            _pil_open(data, index, path)
+            pil_open(data, index, path)
             damage = bmp_damage(data)
             return _as_array(data if damage is None else _damaged_via_pil(data, index, path, damage))
         if kind in ("webp", "pnm", "jpeg2000"):
-            _pil_open(data, index, path)  # header only: size check, and a clear error for junk
+            pil_open(data, index, path)  # header only: size check, and a clear error for junk
             return _as_array(data)
         # 16-bit PNG (PIL clips to 8 bits, DALI scales), TIFF (modes DALI maps differently) and
         # formats DALI has no decoder for (GIF, ICO, ...): PIL decodes, DALI gets a BMP
@@ -244,7 +242,7 @@ def _damaged_via_pil(data: bytes, index: int, path: str, damage: str) -> bytes:
 def decoded_by_pil(index: int, path: str) -> np.ndarray:
     """The file decoded by PIL as torchvision's loader would, handed to DALI losslessly (a file DALI
     failed on); BadSampleError where PIL cannot read or decode it either."""
-    return bytes_decoded_by_pil(index, path, _read_sample(index, path))
+    return bytes_decoded_by_pil(index, path, read_sample(index, path))
 
 
 def bytes_decoded_by_pil(index: int, path: str, data: bytes) -> np.ndarray:

@@ -44,6 +44,7 @@ _QUERIES = ("get_size", "get_dimensions", "get_num_channels", "get_num_frames")
 
 #: the width of a row's parts (``JointProgram.row``)
 COLOUR_WIDTH = 15  # brightness, contrast, saturation, hue applied, hue, contrast, 3x3 permutation
+_COLOUR_IDENTITY = (1.0, 1.0, 1.0, 0.0, 0.0, 1.0)  # the factors of ``COLOUR_WIDTH`` before the permutation
 STAGE_WIDTH = 6  # window top, left, height, width; horizontal flip, vertical flip
 RESIZE_WIDTH = 2  # height, width
 
@@ -100,14 +101,17 @@ def _shape_after(name: str, shape: tuple, dtype, a: dict) -> tuple:
     raise Unrecordable(name)
 
 
-def _recording_kernel(functional, real):
+def _recording_kernel(functional, registered):
+    """``registered``: the kernel torchvision registered (which wraps its output as the input's tv_tensor
+    type); its arguments are read from the kernel it wraps."""
     name = functional.__name__
+    real = getattr(registered, "__wrapped__", registered)
 
     def kernel(inpt, *args, **kwargs):
         rec = getattr(_LOCAL, "record", None)
         ops = rec.ops.get(inpt.data_ptr()) if rec is not None else None
         if ops is None:  # not one of ours (another thread's torchvision call while the kernels are swapped)
-            return real(inpt, *args, **kwargs)
+            return registered(inpt, *args, **kwargs)
         if name not in COLOUR_SLOTS + GEOMETRY + TAIL:
             raise Unrecordable(name)
         a = _bound(real, inpt, args, kwargs)
@@ -129,7 +133,7 @@ def _swap_in() -> None:
             real = registry.get(cls)
             if real is not None:
                 _SAVED.append((registry, cls, real))
-                registry[cls] = _recording_kernel(functional, getattr(real, "__wrapped__", real))
+                registry[cls] = _recording_kernel(functional, real)
 
 
 @contextlib.contextmanager
@@ -152,9 +156,15 @@ def recording():
                 _SAVED.clear()
 
 
+_KEPT = [False]
+
+
 def keep_recording() -> None:
-    """Swap the kernels for the rest of the process (a worker process that only records)."""
-    recording().__enter__()
+    """Swap the kernels for the rest of the process (a worker process that only records: no swap per
+    sample); once."""
+    if not _KEPT[0]:
+        _KEPT[0] = True
+        recording().__enter__()
 
 
 def record(joint, size: tuple, target, kind: str = "image") -> tuple:
@@ -210,7 +220,7 @@ class JointProgram:
         """The row of a sample the graph leaves as it is (a replayed one) at ``size``."""
         row = []
         if self.colour:
-            row += [1.0, 1.0, 1.0, 0.0, 0.0, 1.0] + list(np.eye(3).ravel())
+            row += list(_COLOUR_IDENTITY) + list(np.eye(3).ravel())
         for k in range(len(self.resizes) + 1):
             row += [0, 0, size[0], size[1], 0, 0]
             if k < len(self.resizes):
@@ -221,7 +231,7 @@ class JointProgram:
         """One sample's row, from its record on an image of ``size``; None where the structure cannot
         express it (the sample is then replayed); long because it is one pass over the record: each op
         moves the window, the flips and the colour slots that the ops after it read."""
-        colour = [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+        colour = list(_COLOUR_IDENTITY)
         perm = np.eye(3)
         slot = 0
         stages: list = []
@@ -241,9 +251,9 @@ class JointProgram:
                     return None
                 slot = k + 1
                 if name == "permute_channels":
-                    perm = np.eye(3)[list(a["permutation"])] @ perm if len(a["permutation"]) == 3 else None
-                    if perm is None:
+                    if len(a["permutation"]) != 3:
                         return None
+                    perm = np.eye(3)[list(a["permutation"])] @ perm
                 elif name == "adjust_hue":
                     colour[3], colour[4] = 1.0, float(a["hue_factor"])
                 else:

@@ -10,7 +10,7 @@ import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 from nvidia.dali.pipeline import do_not_convert
 
-from .joint import COLOUR_WIDTH, RESIZE_WIDTH, STAGE_WIDTH
+from .joint import COLOUR_WIDTH, RESIZE_WIDTH, STAGE_WIDTH, affine_of
 
 _GREY = [0.2989, 0.587, 0.114]
 
@@ -85,7 +85,7 @@ def lower(g, step, **_) -> None:
         xf = fn.cast(x, dtype=types.FLOAT)
         xf = _u8(xf * pa[0])
         xf = _contrast(xf, pa[1])
-        xf = _u8(xf * pa[2] + fn.stack(*([_grey(xf)] * 3), axis=2) * (1.0 - pa[2]))
+        xf = _saturation(xf, pa[2])
         xf = _hue(xf, pa[3], pa[4])
         xf = _contrast(xf, pa[5])
         xf = fn.coord_transform(xf, M=fn.reshape(p[6:15], shape=[3, 3]))
@@ -104,8 +104,6 @@ def lower(g, step, **_) -> None:
             x = fn.resize(x, resize_y=p[off], resize_x=p[off + 1], interp_type=getattr(types, interp),
                           antialias=antialias)
             off += RESIZE_WIDTH
-    from .joint import affine_of
-
     dtype, scale, shift = affine_of(program.tail)
     if g.raw_output or not dtype.is_floating_point:
         g.img = fn.transpose(x, perm=[2, 0, 1])  # raw uint8 pixels (the hand-off maps them), CHW

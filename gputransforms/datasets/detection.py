@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from typing import Any, Optional
 
 import numpy as np
 import torch
+import torch.utils.data as tud
 import torchvision
 from PIL import Image
 from torch.utils.data import default_collate
+from torchvision import tv_tensors
 
 from .. import files
 from ..compiler import joint as recorded
@@ -148,18 +151,21 @@ class DetectionSamples(FileSamples):
     ``program`` is set, the transform is recorded per sample by ``reader`` (in torch's workers) and the
     graph runs ``program`` (``compiler.joint``)."""
 
-    def __init__(self, ds, index: list, joint, kind: str, origin: str, program=None):
+    def __init__(self, ds, index: list, joint, kind: str, origin: str):
         from torchvision.transforms import v2
 
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         super().__init__([paths[k] for k in index], list(index), v2.PILToTensor(), None, origin)
         self.ds, self.joint, self.kind = ds, joint, kind
-        self.program = program
-        if program is not None:
-            self.plan_input = "joint"
-            self.transform = program
-            self.extras = True  # each sample's target comes with its inputs (feed.ProcessDecoders)
+        self.program: Optional[recorded.JointProgram] = None
+
+    def record_with(self, program: recorded.JointProgram, origin: str) -> None:
+        """Run the joint transform recorded, its pixel work in the graph as ``program``."""
+        self.program, self.origin = program, origin
+        self.plan_input = "joint"
+        self.transform = program
+        self.extras = True  # each sample's target comes with its inputs (feed.ProcessDecoders)
 
     def reader(self, *, gpu: bool, check_jpeg_scan: bool):
         if self.program is None:
@@ -169,16 +175,12 @@ class DetectionSamples(FileSamples):
 
         def read(i: int):
             """(the encoded file, its row of parameters), (the output's type, the pickled target)."""
-            import io
-            import pickle
-
+            if tud.get_worker_info() is not None:  # a worker process only records: the kernels stay swapped
+                recorded.keep_recording()
             path = paths[i]
             data = files.read_sample(i, path)
             encoded = files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
-            try:
-                img = Image.open(io.BytesIO(data))  # the header: the canvas size the wrapper asks of the image
-            except (OSError, SyntaxError, ValueError) as e:
-                raise files.BadSampleError(i, path, f"cannot be decoded ({type(e).__name__}: {e})") from e
+            img = files.pil_open(data, i, path)  # the header: the canvas size the wrapper asks of the image
             k = targets[i]
             target = ds._wrapper(k, (img, raw_target(k)))[1]
             size = (img.height, img.width)
@@ -202,18 +204,12 @@ class DetectionSamples(FileSamples):
 
     def sample(self, image: torch.Tensor, i: int):
         """``dataset[i]`` from the decoded image: the joint transform run as written."""
-        from torchvision import tv_tensors
-
         if self.kind == "image":
             image = tv_tensors.Image(image)
         return self.joint(image, self.target(i)) if self.joint is not None else (image, self.target(i))
 
     def items(self, images, indices, extras=None) -> list:
         if extras is not None:  # recorded: the targets came from the workers, the images from the graph
-            import pickle
-
-            from torchvision import tv_tensors
-
             return [(tv_tensors.Image(img) if kind == "image" else img, pickle.loads(target))
                     for img, (kind, target) in zip(images, extras)]
         return [self.sample(img, i) for img, i in zip(images, indices)]
@@ -240,8 +236,6 @@ class DetectionSamples(FileSamples):
         """What happens to each tv_tensor type at each step of the joint transform (explain())."""
         if self.joint is None or not len(self.paths):
             return []
-        from torchvision import tv_tensors
-
         target = self.target(0)
         values = target.values() if isinstance(target, dict) else [target]
         types = ["Image"] + sorted({type(v).__name__ for v in values
@@ -285,30 +279,31 @@ def resolve_detection(ds) -> DetectionSamples:
     if kind is None:
         raise NotCompilable(f"{type(ds).__name__}'s joint transform augments PIL images", _ADVICE)
     names = [type(t).__name__ for t in _steps(joint)] if joint is not None else []
-    program = _program(ds, joint, kind)
+    what = f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's targets; the " \
+           f"joint transform ({', '.join(names) or 'none'})"
+    samples = DetectionSamples(ds, range(len(ds)), joint, kind,
+                               f"{what} per sample on the decoded image with torchvision's kernels "
+                               "(datasets/detection.py)")
+    program = _program(samples)
     if program is not None:
-        return DetectionSamples(ds, range(len(ds)), joint, kind,
-                                f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's "
-                                f"targets; the joint transform ({', '.join(names) or 'none'}) recorded per sample, its "
-                                "pixel work in the graph (datasets/detection.py, compiler/joint.py)", program)
-    return DetectionSamples(ds, range(len(ds)), joint, kind,
-                            f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's "
-                            f"targets; the joint transform ({', '.join(names) or 'none'}) per sample on the "
-                            "decoded image with torchvision's kernels (datasets/detection.py)")
+        samples.record_with(program, f"{what} recorded per sample, its pixel work in the graph "
+                                     "(datasets/detection.py, compiler/joint.py)")
+    return samples
 
 
 _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
 _PADS = ("RandomZoomOut", "RandomCrop", "Pad")
 
 
-def _program(ds, joint, kind: str) -> Optional[recorded.JointProgram]:
-    """The joint graph's structure for ``joint``, where every step may be recorded (the registry's
-    ``joint`` entries) and a recording of one sample works; else None (per sample after the graph)."""
-    from torchvision import tv_tensors
+def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
+    """The joint graph's structure for the samples' joint transform, where every step may be recorded
+    (the registry's ``joint`` entries) and a recording of one sample works; else None (per sample after
+    the graph)."""
     from torchvision.transforms.v2._utils import _get_fill
 
+    ds, joint, kind = samples.ds, samples.joint, samples.kind
     steps = _steps(joint) if joint is not None else []
-    if not steps or not all(joint_ok(t) for t in steps) or not len(ds):
+    if not steps or not all(joint_ok(t) for t in steps) or not len(samples):
         return None
     image_type = tv_tensors.Image if kind == "image" else torch.Tensor
     resizes = tuple((recorded.interp_name(t.interpolation), bool(getattr(t, "antialias", True)))
@@ -317,11 +312,11 @@ def _program(ds, joint, kind: str) -> Optional[recorded.JointProgram]:
              if type(t).__name__ in _PADS and hasattr(t, "_fill")]
     program = recorded.JointProgram(colour=any(type(t).__name__ == "RandomPhotometricDistort" for t in steps),
                                     resizes=resizes, fill=fills[0] if fills else (0, 0, 0), tail=())
-    paths, raw_target = KINDS[type(ds._dataset)](ds._dataset)
-    for k in range(min(8, len(paths))):  # one sample recorded, for the value tail (ToDtype, Normalize)
+    for i in range(min(8, len(samples))):  # one sample recorded, for the value tail (ToDtype, Normalize)
         try:
-            with torch.random.fork_rng(devices=[]), Image.open(paths[k]) as img:
-                target = ds._wrapper(k, (img, raw_target(k)))[1]
+            with torch.random.fork_rng(devices=[]), Image.open(samples.paths[i]) as img:
+                k = samples.targets[i]
+                target = ds._wrapper(k, (img, samples.raw_target(k)))[1]
                 ops, _, _ = recorded.record(joint, (img.height, img.width), target, kind)
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
