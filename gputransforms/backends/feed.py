@@ -327,6 +327,8 @@ class ProcessEpochFeed(EpochFeed):
                 # the others end now; the next epoch starts new ones
                 _stop_workers(self.decoders.dl)
                 raise StopIteration from None
+            except StopIteration:  # the epoch's end (raised above): no error
+                raise
             except Exception as e:  # noqa: BLE001 - the dataset's own error (torch re-raises it as its type)
                 self.error, self.stopped = e, True
                 raise StopIteration from None
