@@ -226,3 +226,50 @@ def test_a_sample_the_graph_cannot_express_is_replayed_with_torchvisions_kernels
         for a, b, ta, tb in zip(oi, ti, ot, tt):
             assert a.shape == b.shape and torch.equal(a, b)
             same_targets(ta, tb)
+
+
+def _random_boxes(gen, case: int):
+    h, w = (int(v) for v in torch.randint(40, 900, (2,), generator=gen))
+    k = int(torch.randint(0, 12, (1,), generator=gen))
+    xy = torch.rand(k, 2, generator=gen) * torch.tensor([w, h])
+    wh = torch.rand(k, 2, generator=gen) * torch.tensor([w, h]) * 0.6
+    if case % 7 == 0:
+        wh[:1] = 0  # a degenerate box (an IoU of 0/0)
+    fmt = ("XYXY", "XYWH", "CXCYWH")[case % 3]
+    raw = torch.cat([xy, xy + wh], 1) if fmt == "XYXY" else torch.cat([xy, wh], 1)
+    boxes = tv_tensors.BoundingBoxes(raw.to(torch.float64 if case % 5 == 0 else torch.float32), format=fmt,
+                                     canvas_size=(h, w))
+    return [tv_tensors.Image(torch.empty((), dtype=torch.uint8).expand(3, h, w)), boxes]
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(min_scale=0.1, max_scale=0.9, sampler_options=[0.5, 0.9, 2.0], trials=7)])
+def test_iou_crop_draws_while_recorded_are_torchvisions(kwargs):
+    """The registry's faster RandomIoUCrop.make_params (used while recorded) returns torchvision's
+    parameters and leaves torch's RNG where torchvision's leaves it, over a thousand random canvases and
+    box sets (formats, float32/float64, degenerate and no boxes)."""
+    from gputransforms.compiler import joint, joint_draws
+
+    t = v2.RandomIoUCrop(**kwargs)
+    theirs, ours = v2.RandomIoUCrop.make_params, joint_draws.random_iou_crop(v2.RandomIoUCrop.make_params)
+    gen = torch.Generator().manual_seed(0)
+    crops = 0
+    for case in range(1000):
+        flat = _random_boxes(gen, case)
+        if not len(flat[1]) and case % 50:
+            continue  # no boxes: only the 1.0 option ends the draw (a few cases suffice)
+        torch.manual_seed(case)
+        a = theirs(t, flat)
+        state = torch.get_rng_state()
+        torch.manual_seed(case)
+        b = ours(t, flat)
+        assert torch.equal(torch.get_rng_state(), state), case
+        assert a.keys() == b.keys(), case
+        for key in a:
+            assert (torch.equal(a[key], b[key]) if key == "is_within_crop_area" else a[key] == b[key]), (case, key)
+        crops += bool(a)
+    assert crops > 40  # the crop path is exercised (about 56 and 700 of the cases)
+    # swapped in only while recording, for the class itself and a sample being recorded in this thread
+    with joint.recording():
+        assert v2.RandomIoUCrop.make_params is not theirs
+        assert v2.RandomIoUCrop.make_params(t, flat) is not None  # no record here: torchvision's own runs
+    assert v2.RandomIoUCrop.make_params is theirs

@@ -35,6 +35,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional import _utils as _futils
 
+from .registry import draws
+
 #: the functionals the graph does: colour (in RandomPhotometricDistort's order), geometry, value tail
 COLOUR_SLOTS = ("adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_contrast",
                 "permute_channels")
@@ -73,8 +75,13 @@ class _Record:
         return t.as_subclass(tv_tensors.Image) if isinstance(like, tv_tensors.Image) else t
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(kernel) -> inspect.Signature:
+    return inspect.signature(kernel)
+
+
 def _bound(real, inpt, args, kwargs) -> dict:
-    b = inspect.signature(real).bind(inpt, *args, **kwargs)
+    b = _signature(real).bind(inpt, *args, **kwargs)
     b.apply_defaults()
     out = dict(b.arguments)
     out.pop(next(iter(out)))  # the image
@@ -125,6 +132,19 @@ _SWAPPED = [0]  # how many recording() contexts are open (the kernels are swappe
 _SAVED: list = []
 
 
+def _drawing(cls, original, faster):
+    """``cls.make_params`` while recording: the registry's exact faster form for a sample being recorded
+    in this thread by ``cls`` itself, the class's own method for anything else."""
+    fast = faster(original)
+
+    def make_params(self, flat_inputs):
+        if type(self) is cls and getattr(_LOCAL, "record", None) is not None:
+            return fast(self, flat_inputs)
+        return original(self, flat_inputs)
+
+    return make_params
+
+
 def _swap_in() -> None:
     for functional, registry in list(_futils._KERNEL_REGISTRY.items()):
         if functional.__name__ in _QUERIES:
@@ -132,15 +152,21 @@ def _swap_in() -> None:
         for cls in (tv_tensors.Image, torch.Tensor):
             real = registry.get(cls)
             if real is not None:
-                _SAVED.append((registry, cls, real))
+                _SAVED.append((registry.__setitem__, cls, real))
                 registry[cls] = _recording_kernel(functional, real)
+    for cls, faster in draws():
+        original = cls.__dict__.get("make_params")
+        if original is not None:
+            _SAVED.append((functools.partial(setattr, cls), "make_params", original))
+            cls.make_params = _drawing(cls, original, faster)
 
 
 @contextlib.contextmanager
 def recording():
     """While this lasts, the image kernels of every functional (for tv_tensors.Image and plain
     tensors) record when given a stand-in; given any other tensor they run as before, so torchvision
-    calls elsewhere in the process are unaffected. ``record`` runs inside it."""
+    calls elsewhere in the process are unaffected. The classes with a ``draw`` entry draw their
+    parameters in its exact faster form for a sample being recorded. ``record`` runs inside it."""
     with _SWAP_LOCK:
         if not _SWAPPED[0]:
             _swap_in()
@@ -151,8 +177,8 @@ def recording():
         with _SWAP_LOCK:
             _SWAPPED[0] -= 1
             if not _SWAPPED[0]:
-                for registry, cls, real in reversed(_SAVED):
-                    registry[cls] = real
+                for put, key, real in reversed(_SAVED):
+                    put(key, real)
                 _SAVED.clear()
 
 
@@ -162,9 +188,12 @@ _KEPT = [False]
 def keep_recording() -> None:
     """Swap the kernels for the rest of the process (a worker process that only records: no swap per
     sample); once."""
-    if not _KEPT[0]:
-        _KEPT[0] = True
-        recording().__enter__()
+    with _SWAP_LOCK:
+        if not _KEPT[0]:
+            _KEPT[0] = True
+            if not _SWAPPED[0]:
+                _swap_in()
+            _SWAPPED[0] += 1
 
 
 def record(joint, size: tuple, target, kind: str = "image") -> tuple:

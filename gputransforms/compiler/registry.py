@@ -9,7 +9,9 @@ An ``Entry`` says, for one class:
   on the device), used for in-memory data and, with ``graph``, inside a CUDA graph;
 - ``graph``: how a deterministic stage enters a CUDA graph of an in-memory chain ("normalize", "dtype");
 - ``joint``: it may take part in a joint transform compiled by recording (``joint``: it runs as written on
-  a stand-in image and the real target, and the image functionals it calls are ones the joint graph does).
+  a stand-in image and the real target, and the image functionals it calls are ones the joint graph does);
+- ``draw``: while recorded, its ``make_params`` is this exact, faster form of torchvision's own
+  (``joint_draws``: the same RNG calls, the same result).
 
 A class is looked up by its exact type. A user's subclass gets its base's entry only where its
 behaviour is provably the base's (``chain.user_override``: it overrides none of forward, __call__,
@@ -28,7 +30,7 @@ import torchvision.transforms.functional as F1
 from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
-from . import batched, lowerings, vectorized
+from . import batched, joint_draws, lowerings, vectorized
 from .chain import NotLowerable, Op, overridden, user_override
 
 
@@ -39,6 +41,7 @@ class Entry:
     vectorized: Optional[Callable[[object], Optional[vectorized.Vectorized]]] = None
     graph: Optional[str] = None
     joint: bool = False
+    draw: Optional[Callable[[Callable], Callable]] = None
 
 
 REGISTRY: dict[type, Entry] = {}
@@ -193,6 +196,14 @@ _allow_joint((tv2.ToImage, tv2.PILToTensor, tv2.RandomPhotometricDistort, tv2.Ra
               tv2.RandomShortestSize, tv2.RandomResize, tv2.Resize, tv2.RandomCrop, tv2.CenterCrop, tv2.Pad,
               tv2.ToDtype, tv2.ConvertImageDtype, tv2.Normalize, tv2.ConvertBoundingBoxFormat, tv2.ClampBoundingBoxes,
               tv2.SanitizeBoundingBoxes, tv2.ToPureTensor, tv2.Compose))
+
+
+REGISTRY[tv2.RandomIoUCrop] = dataclasses.replace(REGISTRY[tv2.RandomIoUCrop], draw=joint_draws.random_iou_crop)
+
+
+def draws() -> list:
+    """(class, its ``draw``) for every class that has one (``joint.recording`` swaps them in)."""
+    return [(cls, entry.draw) for cls, entry in REGISTRY.items() if entry.draw is not None]
 
 
 def joint_ok(t) -> bool:
