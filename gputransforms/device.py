@@ -111,18 +111,64 @@ def rank_tag() -> str:
 def to_device(batch, dev: torch.device):
     """Tensors in ``batch`` on ``dev``. A CPU tensor goes to the GPU through pinned memory: from
     pageable memory cudaMemcpyAsync first waits for everything queued on the stream (the user's
-    training step included), which would make every hand-off a host synchronisation."""
+    training step included), which would make every hand-off a host synchronisation. Several CPU
+    tensors (a detection batch's targets) go together, one copy per dtype (``_together``)."""
+    moved = None
+    if dev.type == "cuda":
+        leaves: list = []
+        _cpu_leaves(batch, leaves)
+        if len(leaves) > 1:
+            moved = _together(leaves, dev)
+    return _to_device(batch, dev, moved)
+
+
+def _to_device(batch, dev: torch.device, moved: Optional[dict]):
     if isinstance(batch, torch.Tensor):
+        if moved is not None and id(batch) in moved:
+            return moved[id(batch)]
         if batch.device == dev:
             return batch
         if dev.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
             batch = batch.pin_memory()
         return batch.to(dev, non_blocking=True)
     if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, dev) for b in batch)
+        return type(batch)(_to_device(b, dev, moved) for b in batch)
     if isinstance(batch, dict):
         out = copy.copy(batch)  # keeps the mapping's type (defaultdict, OrderedDict, a user's)
         for k, v in batch.items():
-            out[k] = to_device(v, dev)
+            out[k] = _to_device(v, dev, moved)
         return out
     return batch
+
+
+def _cpu_leaves(batch, out: list) -> None:
+    if isinstance(batch, torch.Tensor):
+        if batch.device.type == "cpu" and not batch.requires_grad:
+            out.append(batch)
+    elif isinstance(batch, (list, tuple)):
+        for b in batch:
+            _cpu_leaves(b, out)
+    elif isinstance(batch, dict):
+        for b in batch.values():
+            _cpu_leaves(b, out)
+
+
+def _together(leaves: list, dev: torch.device) -> dict:
+    """CPU tensors on ``dev``, by ``id``: per dtype, one pinned buffer and one copy, each tensor a view of
+    it with its own shape, type and attributes (a tv_tensor's format and canvas size). On the H100 host,
+    moving a detection batch's targets one tensor at a time took 14-16% of the loader's main thread."""
+    moved: dict = {}
+    by_dtype: dict = {}
+    for t in leaves:
+        if id(t) not in moved:
+            moved[id(t)] = None
+            by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in group]).pin_memory().to(dev, non_blocking=True)
+        for t, part in zip(group, flat.split([t.numel() for t in group])):
+            part = part.view(t.shape)
+            if type(t) is not torch.Tensor:
+                part = part.as_subclass(type(t))
+                part.__dict__.update(t.__dict__)
+            moved[id(t)] = part
+    return moved

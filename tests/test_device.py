@@ -71,3 +71,34 @@ print(len(late), "CUDA_DEVICE_MAX_CONNECTIONS unset" in gputransforms.DataLoader
 @pytest.mark.gpu
 def test_late_import_warning_reaches_the_user(indexed_folder):
     assert _python(_LATE.replace("ROOT", repr(str(indexed_folder)))) == "1 True"
+
+
+@pytest.mark.gpu
+def test_targets_go_to_the_device_together_as_they_were():
+    """A detection batch's CPU tensors go to the GPU one copy per dtype (device._together): each comes
+    back with its values, shape, type and tv_tensor attributes, and writing one leaves the others."""
+    import torch
+    from torchvision import tv_tensors
+
+    from gputransforms.device import to_device
+
+    dev = torch.device("cuda")
+    targets = tuple({"boxes": tv_tensors.BoundingBoxes(torch.rand(k, 4) * 100, format="XYWH", canvas_size=(48, 64)),
+                     "labels": torch.arange(k), "masks": tv_tensors.Mask(torch.rand(k, 48, 64) > 0.5),
+                     "image_id": k, "empty": torch.zeros(0, 4), "scalar": torch.tensor(k * 1.5),
+                     "strided": torch.arange(12.0).view(3, 4).t()} for k in (3, 0, 5))
+    images = [torch.rand(3, 8, 8, device=dev)]
+    out_images, out = to_device((images, targets), dev)
+    assert out_images[0] is images[0]
+    for theirs, ours in zip(targets, out):
+        assert list(ours) == list(theirs) and ours["image_id"] == theirs["image_id"]
+        for key, t in theirs.items():
+            if not isinstance(t, torch.Tensor):
+                continue
+            assert ours[key].device.type == "cuda" and type(ours[key]) is type(t), key
+            assert ours[key].shape == t.shape and ours[key].dtype == t.dtype, key
+            assert torch.equal(ours[key].cpu(), t), key
+        assert ours["boxes"].format == theirs["boxes"].format
+        assert ours["boxes"].canvas_size == theirs["boxes"].canvas_size
+    out[0]["labels"].add_(100)
+    assert torch.equal(out[2]["labels"].cpu(), targets[2]["labels"])

@@ -162,7 +162,11 @@ class _Decoded(tud.Dataset):
     def __len__(self) -> int:  # never asked: the sampler drives
         raise TypeError
 
-    def __getitem__(self, i):
+    def __getitem__(self, chunk):
+        """``chunk``: a list of indices (or (index, seed) pairs) of one batch; one result per sample."""
+        return [self._one(i) for i in chunk]
+
+    def _one(self, i):
         if isinstance(i, tuple):  # (index, seed): this sample's draws from its own seed (``_Flat.seed``)
             i, seed = i
             torch.manual_seed(seed)
@@ -176,27 +180,31 @@ class _Decoded(tud.Dataset):
 
 
 class _Flat(tud.Sampler):
-    """The current epoch's index batches as one stream of indices (each worker decodes one sample at
-    a time, so a batch is spread over all of them), remembering the batches in order."""
+    """The current epoch's index batches as one stream of chunks of indices (each worker reads one chunk
+    at a time, so a batch is spread over several of them), remembering the batches in order.
+    ``chunk``: samples per chunk (a chunk never spans two batches)."""
 
-    def __init__(self):
+    def __init__(self, chunk: int = 1):
+        self.chunk = chunk
         self.batches = iter(())
         self.pulled: collections.deque = collections.deque()  # batches handed to workers, not yet returned
         # set: each index goes out with a seed of its own, from this one and its place in the epoch, so
         # that an epoch's draws do not depend on which worker takes which sample
         self.seed: Optional[int] = None
 
+    def chunks(self, batch_size: int) -> int:
+        return -(-batch_size // self.chunk)
+
     def __iter__(self):
         n = 0
         for b in self.batches:
             b = list(b)
             self.pulled.append(b)
-            if self.seed is None:
-                yield from b
-            else:
-                for i in b:
-                    yield i, (self.seed * 1_000_003 + n) % (2 ** 63)
-                    n += 1
+            if self.seed is not None:
+                b = [(i, (self.seed * 1_000_003 + n + k) % (2 ** 63)) for k, i in enumerate(b)]
+                n += len(b)
+            for k in range(0, len(b), self.chunk):
+                yield b[k:k + self.chunk]
 
 
 def _identity(x):
@@ -231,14 +239,20 @@ class ProcessDecoders:
     """Worker processes that decode samples, kept across epochs (torch's persistent workers: no
     start-up per epoch). One per pipeline slot, so each live iterator has its own."""
 
+    #: samples per item from a worker where samples are small (an encoded file, a row, a target: a recorded
+    #: joint transform): torch's loader costs its main thread about 0.1 ms per item (its profiler hooks,
+    #: queues, index hand-out; py-spy on the H100 host, 12% of the detection loader's main thread), so items
+    #: of 8 cost it an eighth. Decoded clips travel one per item (their own shared memory each).
+    CHUNK = 8
+
     def __init__(self, samples, workers: int, lookahead: int, planes: bool = False, timeout: float = 0,
                  gpu: bool = False, seed: Optional[int] = None):
-        self.flat = _Flat()
+        extras = bool(getattr(samples, "extras", False))
+        self.flat = _Flat(self.CHUNK if extras and workers > 0 else 1)
         # planes: clips as the decoder gives them (video.read_planes), converted to RGB in the graph
         read = samples.reader(gpu=gpu, check_jpeg_scan=False, planes=True) if planes else \
             samples.reader(gpu=gpu, check_jpeg_scan=False)
-        extras = bool(getattr(samples, "extras", False))
-        more = dict(prefetch_factor=max(2, lookahead), persistent_workers=True,
+        more = dict(prefetch_factor=max(2, -(-lookahead // self.flat.chunk)), persistent_workers=True,
                     worker_init_fn=_inherit_without_collecting) if workers > 0 else {}
         # the workers' seeds come from this generator, never from the process's RNG (with no workers the
         # samples draw from it in this thread, as torch's DataLoader with no workers does)
@@ -314,8 +328,10 @@ class ProcessEpochFeed(EpochFeed):
                 if first is None:
                     self.stopped = True
                     raise StopIteration
-                batch = pulled.popleft()  # the sampler has handed out its first index, so it is recorded
-                items = [first] + [next(self.it) for _ in range(len(batch) - 1)]
+                batch = pulled.popleft()  # the sampler has handed out its first chunk, so it is recorded
+                items = list(first)
+                for _ in range(self.decoders.flat.chunks(len(batch)) - 1):
+                    items += next(self.it)
             except (RuntimeError, ConnectionError, EOFError) as e:  # a worker died, or timeout= passed
                 batch = batch or (pulled[0] if pulled else None)
                 if not isinstance(e, RuntimeError):  # it died while handing over a sample (torch's fd share)
