@@ -128,7 +128,7 @@ def cuda_sync():
 
 
 class PeakGpuMemory:
-    """Device-wide GPU memory in use, sampled every 20 ms (DALI's allocations are not torch's, so
+    """Device-wide GPU memory in use, sampled every 100 ms (DALI's allocations are not torch's, so
     torch.cuda.max_memory_allocated would miss them); reported as peak minus the level before."""
 
     def __init__(self):
@@ -141,7 +141,7 @@ class PeakGpuMemory:
             self._thread.start()
 
     def _run(self):
-        while not self._stop.wait(0.02):
+        while not self._stop.wait(0.1):
             self.peak = max(self.peak, gpu_mem_used())
 
     def stop_mb(self) -> float:

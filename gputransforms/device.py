@@ -164,7 +164,8 @@ def _together(leaves: list, dev: torch.device) -> dict:
             moved[id(t)] = None
             by_dtype.setdefault(t.dtype, []).append(t)
     for group in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in group]).pin_memory().to(dev, non_blocking=True)
+        flat = torch.cat([t.as_subclass(torch.Tensor).reshape(-1) for t in group])
+        flat = flat.pin_memory().to(dev, non_blocking=True)
         for t, part in zip(group, flat.split([t.numel() for t in group])):
             part = part.view(t.shape)
             if type(t) is not torch.Tensor:
