@@ -140,3 +140,67 @@ class DetectionPresetTrain:
 
 def detection_collate(batch):  # references/detection/utils.py collate_fn
     return tuple(zip(*batch))
+
+
+class PadIfSmaller(tv2.Transform):
+    """references/segmentation/v2_extras.py's PadIfSmaller (a user's own v2 class there): pads the right
+    and bottom up to ``size``, with the fill per tv_tensor type."""
+
+    def __init__(self, size, fill=0):
+        super().__init__()
+        self.size = size
+        self.fill = tv2._utils._setup_fill_arg(fill)
+
+    def make_params(self, flat_inputs):
+        _, height, width = tv2._utils.query_chw(flat_inputs)
+        padding = [0, 0, max(self.size - width, 0), max(self.size - height, 0)]
+        return dict(padding=padding, needs_padding=any(padding))
+
+    def transform(self, inpt, params):
+        if not params["needs_padding"]:
+            return inpt
+        fill = tv2._utils._convert_fill_arg(tv2._utils._get_fill(self.fill, type(inpt)))
+        return tv2.functional.pad(inpt, padding=params["padding"], fill=fill)
+
+
+class SegmentationPresetTrain:
+    """references/segmentation/presets.py with ``use_v2=True``: random resize, flip, PadIfSmaller (mask
+    filled with 255), random crop, per-type dtypes, normalize."""
+
+    def __init__(self, *, base_size, crop_size, hflip_prob=0.5, mean=(0.485, 0.456, 0.406),
+                 std=(0.229, 0.224, 0.225), backend="tv_tensor"):
+        from torchvision import tv_tensors
+        from torchvision.transforms import v2 as T
+
+        transforms = []
+        if backend == "tv_tensor":
+            transforms.append(T.ToImage())
+        elif backend == "tensor":
+            transforms.append(T.PILToTensor())
+        transforms += [T.RandomResize(min_size=int(0.5 * base_size), max_size=int(2.0 * base_size))]
+        if hflip_prob > 0:
+            transforms += [T.RandomHorizontalFlip(hflip_prob)]
+        transforms += [PadIfSmaller(crop_size, fill={tv_tensors.Mask: 255, "others": 0}), T.RandomCrop(crop_size)]
+        if backend == "pil":
+            transforms += [T.PILToTensor()]
+        img_type = tv_tensors.Image if backend == "tv_tensor" else torch.Tensor
+        transforms += [T.ToDtype(dtype={img_type: torch.float32, tv_tensors.Mask: torch.int64, "others": None},
+                                 scale=True),
+                       T.Normalize(mean=mean, std=std), T.ToPureTensor()]
+        self.transforms = T.Compose(transforms)
+
+    def __call__(self, img, target):
+        return self.transforms(img, target)
+
+
+def segmentation_collate(batch):  # references/segmentation/utils.py collate_fn (cat_list)
+    images, targets = list(zip(*batch))
+    return _cat_list(images, 0), _cat_list(targets, 255)
+
+
+def _cat_list(tensors, fill_value):
+    max_size = tuple(max(s) for s in zip(*[t.shape for t in tensors]))
+    out = tensors[0].new(*((len(tensors),) + max_size)).fill_(fill_value)
+    for t, o in zip(tensors, out):
+        o[..., : t.shape[-2], : t.shape[-1]].copy_(t)
+    return out

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
 import torchvision
-from presets import DetectionPresetTrain, detection_collate
+from presets import DetectionPresetTrain, SegmentationPresetTrain, detection_collate, segmentation_collate
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
@@ -273,3 +274,90 @@ def test_iou_crop_draws_while_recorded_are_torchvisions(kwargs):
         assert v2.RandomIoUCrop.make_params is not theirs
         assert v2.RandomIoUCrop.make_params(t, flat) is not None  # no record here: torchvision's own runs
     assert v2.RandomIoUCrop.make_params is theirs
+
+
+def _voc_segmentation(voc, transforms, indices=None):
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(
+        torchvision.datasets.VOCSegmentation(str(voc), year="2012", image_set="train", transforms=transforms))
+    return ds if indices is None else tud.Subset(ds, indices)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_segmentation_reference_preset_is_recorded_with_its_own_pad_class(voc, device):
+    """references/segmentation's v2 train preset, PadIfSmaller (its own class) included, with its
+    collate_fn: recorded (the user's class after a pixel-blind probe), masks exactly torchvision's,
+    images within the image path's parity; with 2 workers every image once."""
+    ds = _voc_segmentation(voc, SegmentationPresetTrain(base_size=160, crop_size=144))
+    loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device)
+    plan = loader.explain()
+    assert "recorded per sample" in plan and "PadIfSmaller: your own class" in plan, plan
+    torch.manual_seed(3)
+    ours = list(loader)
+    torch.manual_seed(3)
+    theirs = list(tud.DataLoader(ds, batch_size=8, collate_fn=segmentation_collate))
+    assert len(ours) == len(theirs) == 6
+    for (x, m), (xt, mt) in zip(ours, theirs):
+        assert x.shape == xt.shape == (8, 3, 144, 144) and m.dtype == mt.dtype == torch.int64
+        assert torch.equal(m.cpu(), mt)
+        assert (x.cpu() - xt).abs().mean() * 0.229 * 255 < (1.0 if device == "cpu" else 3.0)
+    masks = [m for _, m in DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device,
+                                      num_workers=2, shuffle=True)]
+    assert sum(len(m) for m in masks) == len(ds)
+
+
+class _FlipIfBright(v2.Transform):
+    """A user's class that reads the pixels (not recordable: it must run as written)."""
+
+    def transform(self, inpt, params):
+        if isinstance(inpt, tv_tensors.Image) and inpt.float().mean() > 110:
+            return v2.functional.horizontal_flip(inpt)
+        return inpt
+
+
+class _BlurSomeWidths(v2.Transform):
+    """A user's class that calls a functional the graph lacks, on images whose width has parity ``odd``."""
+
+    def __init__(self, odd: int):
+        super().__init__()
+        self.odd = odd
+
+    def transform(self, inpt, params):
+        if isinstance(inpt, tv_tensors.Image) and inpt.shape[-1] % 2 == self.odd:
+            return v2.functional.gaussian_blur(inpt, [3, 3])
+        return inpt
+
+
+def test_a_users_class_that_reads_the_pixels_runs_as_written(voc):
+    chain = v2.Compose([v2.ToImage(), _FlipIfBright(), v2.Resize((64, 64)), v2.ToDtype(torch.float32, scale=True)])
+    ds = _voc_segmentation(voc, chain)
+    loader = DataLoader(ds, batch_size=8)
+    assert "recorded per sample" not in loader.explain()
+    for (x, m), (xt, mt) in zip(loader, tud.DataLoader(ds, batch_size=8)):
+        assert torch.equal(m, mt)
+        assert (x - xt).abs().mean() < 1 / 255
+
+
+def test_a_sample_the_recording_cannot_take_runs_as_written(voc):
+    """The probe's sample records; the others call gaussian_blur (which the graph lacks) where their width
+    after a random resize has the other parity: each of those runs as written, from the random state
+    before its recording (the resize's draw made again)."""
+    from PIL import Image
+
+    torch.manual_seed(0)  # the probe's random state: its sample's width after the resize
+    first = v2.RandomResize(40, 80)(tv_tensors.Image(torch.from_numpy(np.asarray(Image.open(
+        torchvision.datasets.VOCSegmentation(str(voc), year="2012", image_set="train").images[0]))).permute(2, 0, 1)))
+    widths = [first.shape[-1]]
+    chain = v2.Compose([v2.ToImage(), v2.RandomResize(40, 80), _BlurSomeWidths(1 - widths[0] % 2),
+                        v2.RandomHorizontalFlip(), v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True)])
+    ds = _voc_segmentation(voc, chain)
+    torch.manual_seed(0)
+    loader = DataLoader(ds, batch_size=8)
+    assert "recorded per sample" in loader.explain()
+    torch.manual_seed(5)
+    ours = list(loader)
+    torch.manual_seed(5)
+    theirs = list(tud.DataLoader(ds, batch_size=8))
+    assert len(ours) == len(theirs) == 6
+    for (x, m), (xt, mt) in zip(ours, theirs):
+        assert torch.equal(m, mt)
+        assert (x - xt).abs().mean() < 1 / 255

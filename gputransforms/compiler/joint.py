@@ -64,12 +64,14 @@ _SWAP_LOCK = threading.RLock()
 class _Record:
     """The functionals called on the stand-ins of one sample, by stand-in (its storage's address)."""
 
-    def __init__(self):
+    def __init__(self, value: Optional[int] = None):
         self.ops: dict[int, list] = {}
         self.alive: list = []  # the stand-ins, so that no address is reused while the record lives
+        self.value = value  # every stand-in's one value (None: left uninitialised)
 
     def stand_in(self, like, shape, dtype, ops: list):
-        t = torch.empty((), dtype=dtype).expand(*shape)
+        t = (torch.empty((), dtype=dtype) if self.value is None else torch.full((), self.value, dtype=dtype)).expand(
+            *shape)
         self.alive.append(t)
         self.ops[t.data_ptr()] = ops
         return t.as_subclass(tv_tensors.Image) if isinstance(like, tv_tensors.Image) else t
@@ -196,12 +198,13 @@ def keep_recording() -> None:
             _SWAPPED[0] += 1
 
 
-def record(joint, size: tuple, target, kind: str = "image") -> tuple:
+def record(joint, size: tuple, target, kind: str = "image", value: Optional[int] = None) -> tuple:
     """Run ``joint(image, target)`` on a stand-in uint8 RGB image of ``size`` (h, w): returns (the
     recorded functionals applied to the image, in order, each (name, arguments, size before); the
     transformed target; the output image's type: "image" or "tensor"). Unrecordable if the transform
-    calls a functional the graph lacks."""
-    rec = _Record()
+    calls a functional the graph lacks. ``value``: every stand-in holds it (a probe of whether a
+    transform reads the pixels: ``pixel_blind``)."""
+    rec = _Record(value)
     image = rec.stand_in(tv_tensors.Image(torch.empty(1, 1)) if kind == "image" else torch.empty(0),
                          (3, int(size[0]), int(size[1])), torch.uint8, [])
     prev = getattr(_LOCAL, "record", None)
@@ -217,6 +220,34 @@ def record(joint, size: tuple, target, kind: str = "image") -> tuple:
     if ops is None:
         raise Unrecordable("the image the joint transform returned is not the one it was given")
     return ops, out[1], "image" if isinstance(out[0], tv_tensors.Image) else "tensor"
+
+
+def pixel_blind(joint, size: tuple, make_target, kind: str) -> tuple:
+    """Record one sample twice from the same RNG state, on stand-ins of 0 and of 255: (its record, its
+    target, its output type) where both records and targets agree (the transform's draws and its
+    functionals do not depend on the pixels), else Unrecordable. ``make_target()``: a fresh target."""
+    state = torch.get_rng_state()
+    first = record(joint, size, make_target(), kind, value=0)
+    torch.set_rng_state(state)
+    second = record(joint, size, make_target(), kind, value=255)
+    if first[2] != second[2] or not _same(first[0], second[0]) or not _same(first[1], second[1]):
+        raise Unrecordable("its parameters depend on the pixel values")
+    return first
+
+
+def _same(a, b) -> bool:
+    """Equal records or targets (tensors by value, with their type and tv_tensor attributes)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return type(a) is type(b) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) and \
+            _same(getattr(a, "__dict__", {}), getattr(b, "__dict__", {}))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a truth value for ==
+        return repr(a) == repr(b)
 
 
 def replay(image: torch.Tensor, ops: list) -> torch.Tensor:

@@ -96,6 +96,13 @@ class _TargetPickler(pickle.Pickler):
         return NotImplemented
 
 
+def _ready(sample, dev: torch.device):
+    """A sample that ran as written in a worker (its image still on the CPU): its image on ``dev``."""
+    if isinstance(sample, tuple) and sample and isinstance(sample[0], torch.Tensor):
+        return (to_device(sample[0], dev),) + sample[1:]
+    return sample
+
+
 def _pickled(target) -> bytes:
     buf = io.BytesIO()
     _TargetPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(target)
@@ -190,6 +197,7 @@ class DetectionSamples(FileSamples):
         super().__init__([paths[k] for k in index], list(index), v2.PILToTensor(), None, origin)
         self.ds, self.joint, self.kind = ds, joint, kind
         self.program: Optional[recorded.JointProgram] = None
+        self.user_steps: list = []  # the joint transform's own classes of the user's, recorded after a probe
 
     def record_with(self, program: recorded.JointProgram, origin: str) -> None:
         """Run the joint transform recorded, its pixel work in the graph as ``program``."""
@@ -203,6 +211,7 @@ class DetectionSamples(FileSamples):
             return super().reader(gpu=gpu, check_jpeg_scan=check_jpeg_scan)
         paths, program, joint, kind, ds, raw_target, targets = (self.paths, self.program, self.joint, self.kind,
                                                                 self.ds, self.raw_target, self.targets)
+        user = bool(self.user_steps)
 
         def read(i: int):
             """(the encoded file, its row of parameters), (the output's type, the pickled target)."""
@@ -213,9 +222,20 @@ class DetectionSamples(FileSamples):
             encoded = files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
             img = files.pil_open(data, i, path)  # the header: the canvas size the wrapper asks of the image
             k = targets[i]
-            target = ds._wrapper(k, (img, raw_target(k)))[1]
             size = (img.height, img.width)
-            ops, target, out_kind = recorded.record(joint, size, target, kind)
+            state = torch.get_rng_state()
+            try:
+                ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1], kind)
+            except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
+                if not (isinstance(e, recorded.Unrecordable) or user):
+                    raise  # torchvision's own error for this sample (it raises it too)
+                # the sample runs as written, from the same RNG state, on the pixels PIL decodes (the graph's
+                # decode of it is left unused); its own error, if it has one, is raised here as torchvision does
+                torch.set_rng_state(state)
+                image = torch.from_numpy(np.asarray(files.pil_rgb(i, path, data))).permute(2, 0, 1)
+                out = joint(tv_tensors.Image(image) if kind == "image" else image,
+                            ds._wrapper(k, (img, raw_target(k)))[1])
+                return (encoded, program.identity(size)), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
                 image = recorded.replay(torch.from_numpy(
@@ -241,7 +261,8 @@ class DetectionSamples(FileSamples):
 
     def items(self, images, indices, extras=None) -> list:
         if extras is not None:  # recorded: the targets came from the workers, the images from the graph
-            return [(tv_tensors.Image(img) if kind == "image" else img, pickle.loads(target))
+            return [_ready(pickle.loads(target), img.device) if kind == "ready" else
+                    (tv_tensors.Image(img) if kind == "image" else img, pickle.loads(target))
                     for img, (kind, target) in zip(images, extras)]
         return [self.sample(img, i) for img, i in zip(images, indices)]
 
@@ -274,6 +295,10 @@ class DetectionSamples(FileSamples):
         if self.program is not None:
             lines = [f"  joint transform, recorded per sample in torch's worker processes (torchvision draws the "
                      f"parameters and moves the targets; the graph moves the pixels), on {', '.join(types)}:"]
+            if self.user_steps:
+                lines.append(f"  ({', '.join(self.user_steps)}: your own class(es), recorded as they ran on the first "
+                             "samples, whose records did not depend on the pixel values; a sample they run "
+                             "otherwise on runs as written on the CPU)")
         else:
             lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on "
                      f"the device, the target on the CPU), on {', '.join(types)}:"]
@@ -317,6 +342,7 @@ def resolve_detection(ds) -> DetectionSamples:
                                "(datasets/detection.py)")
     program = _program(samples)
     if program is not None:
+        samples.user_steps = [type(t).__name__ for t in _steps(joint) if not joint_ok(t)]
         samples.record_with(program, f"{what} recorded per sample, its pixel work in the graph "
                                      "(datasets/detection.py, compiler/joint.py)")
     return samples
@@ -326,15 +352,25 @@ _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
 _PADS = ("RandomZoomOut", "RandomCrop", "Pad")
 
 
+def _user_class(t) -> bool:
+    """A transform class of the user's own (a ``v2.Transform`` defined outside torchvision: the references'
+    ``PadIfSmaller``, say), which may be recorded where a probe shows that it does not read the pixels."""
+    from torchvision.transforms import v2
+
+    return isinstance(t, v2.Transform) and not type(t).__module__.startswith("torchvision.")
+
+
 def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
     """The joint graph's structure for the samples' joint transform, where every step may be recorded
-    (the registry's ``joint`` entries) and a recording of one sample works; else None (per sample after
+    (the registry's ``joint`` entries, or a user's own class whose recording on stand-ins of 0 and of 255
+    agrees: ``recorded.pixel_blind``) and a recording of one sample works; else None (per sample after
     the graph)."""
     from torchvision.transforms.v2._utils import _get_fill
 
     ds, joint, kind = samples.ds, samples.joint, samples.kind
     steps = _steps(joint) if joint is not None else []
-    if not steps or not all(joint_ok(t) for t in steps) or not len(samples):
+    user = [t for t in steps if not joint_ok(t) and _user_class(t)]
+    if not steps or not all(joint_ok(t) or _user_class(t) for t in steps) or not len(samples):
         return None
     image_type = tv_tensors.Image if kind == "image" else torch.Tensor
     resizes = tuple((recorded.interp_name(t.interpolation), bool(getattr(t, "antialias", True)))
@@ -347,14 +383,35 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
         try:
             with torch.random.fork_rng(devices=[]), Image.open(samples.paths[i]) as img:
                 k = samples.targets[i]
-                target = ds._wrapper(k, (img, samples.raw_target(k)))[1]
-                ops, _, _ = recorded.record(joint, (img.height, img.width), target, kind)
+
+                def target():
+                    return ds._wrapper(k, (img, samples.raw_target(k)))[1]
+
+                size = (img.height, img.width)
+                ops = (recorded.pixel_blind(joint, size, target, kind) if user else
+                       recorded.record(joint, size, target(), kind))[0]
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
-            return dataclasses.replace(program, tail=tail)
+            return dataclasses.replace(_as_recorded(program, ops) if user else program, tail=tail)
         except recorded.Unrecordable:
             return None
         except Exception:  # noqa: BLE001 - this sample's own error (no boxes, say): the next one
             continue
     return None
 
+
+def _as_recorded(program: recorded.JointProgram, ops: list) -> recorded.JointProgram:
+    """With a user's class in the chain, the graph's resizes and fill as the probe's record has them
+    (a sample recorded otherwise is replayed: ``JointProgram.row``)."""
+    resizes = tuple((recorded.interp_name(a["interpolation"]), bool(a["antialias"])) for name, a, _ in ops
+                    if name == "resize")
+    fills = [recorded.uint8_fill(a["fill"]) for name, a, _ in ops
+             if name == "pad" and any(_pad_amounts(a["padding"]))]
+    colour = program.colour or any(name in recorded.COLOUR_SLOTS for name, _, _ in ops)
+    return dataclasses.replace(program, resizes=resizes, fill=fills[0] if fills else program.fill, colour=colour)
+
+
+def _pad_amounts(padding) -> list:
+    from torchvision.transforms.v2.functional import _geometry
+
+    return _geometry._parse_pad_padding(padding)
