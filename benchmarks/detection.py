@@ -1,12 +1,14 @@
-"""Detection loaders side by side, one process, one run (#34):
+"""Detection and segmentation loaders side by side, one process, one run (#34):
 
-    python -m benchmarks.detection ROOT [--make-data 5000] [--presets ssd,ssdlite,hflip] [--batch-size 32]
+    python -m benchmarks.detection ROOT [--make-data 5000] [--presets ssd,ssdlite,hflip,seg] [--batch-size 32]
 
 ROOT is a folder of photos (``--make-data N`` writes N ImageNet-like ones first); its COCO layout
-(boxes, polygons, crowd RLE; ``sampledata.write_coco``) is written beside it once. For each of
-torchvision's detection presets (references/detection/presets.py with ``--use-v2 --backend
-tv_tensor``), on the same wrapped ``CocoDetection`` minus images without annotations (the
-reference's Subset), with the reference's ``collate_fn``:
+(boxes, polygons, crowd RLE; ``sampledata.write_coco``) and for ``seg`` its VOC layout (class masks;
+``sampledata.write_voc``) are written beside it once. For each of torchvision's detection presets
+(references/detection/presets.py with ``--use-v2 --backend tv_tensor``), on the same wrapped
+``CocoDetection`` minus images without annotations (the reference's Subset), with the reference's
+``collate_fn``; ``seg``: the segmentation reference's train preset (``--use-v2``, base size 520, crop
+480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with its ``collate_fn``:
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
 - ``gputransforms``: our DataLoader over the same dataset object, with the same arguments (where
@@ -49,6 +51,36 @@ def dataset(coco: tuple, preset: str):
         data_augmentation=preset, backend="tv_tensor"))
     ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys=["boxes", "labels", "image_id"])
     return tud.Subset(ds, [i for i, img_id in enumerate(ds.ids) if ds.coco.getAnnIds(imgIds=img_id)])
+
+
+def voc_of(root: str) -> str:
+    from gputransforms import sampledata
+
+    out = Path(os.path.abspath(root).rstrip("/") + "-voc")
+    if not (out / "VOCdevkit" / "VOC2012" / "ImageSets" / "Segmentation" / "train.txt").exists():
+        sampledata.write_voc(root, out, seed=0)
+    return str(out)
+
+
+def segmentation(voc: str):
+    import torchvision
+
+    from tests.presets import SegmentationPresetTrain  # the reference's preset, as the tests rebuild it
+
+    ds = torchvision.datasets.VOCSegmentation(voc, year="2012", image_set="train", transforms=SegmentationPresetTrain(
+        base_size=520, crop_size=480, backend="tv_tensor"))
+    return torchvision.datasets.wrap_dataset_for_transforms_v2(ds)
+
+
+class MovedPair:
+    """torch's segmentation batches moved as the reference's loop moves them."""
+
+    def __init__(self, dl, dev):
+        self.dl, self.dev = dl, dev
+
+    def __iter__(self):
+        for images, targets in self.dl:
+            yield images.to(self.dev, non_blocking=True), targets.to(self.dev, non_blocking=True)
 
 
 def collate(batch):  # references/detection/utils.py
@@ -118,17 +150,24 @@ def main(argv=None):
     if a.make_data and not Path(a.root).exists():
         make_data(a.root, a.make_data)
     coco = coco_of(a.root)
+    voc = voc_of(a.root) if "seg" in a.presets.split(",") else None
     dev = torch_device()
     rows = []
     for preset in a.presets.split(","):
         for name in a.pipelines.split(","):
-            if name == "dali-handwritten" and (preset != "ssd" or not on_gpu()):
+            if name == "dali-handwritten" and (preset != "ssd" or not on_gpu()):  # (its SSD example only)
                 continue
             row = dict(preset=preset, pipeline=name)
+            if preset == "seg":
+                from tests.presets import segmentation_collate
+
+                data, fn, moved = (lambda: segmentation(voc)), segmentation_collate, MovedPair  # noqa: E731
+            else:
+                data, fn, moved = (lambda p=preset: dataset(coco, p)), collate, Moved  # noqa: E731
             try:
                 if name == "torchvision":
-                    make = lambda: Moved(tud.DataLoader(dataset(coco, preset), batch_size=a.batch_size, shuffle=True,  # noqa: E731
-                                                        num_workers=a.workers, collate_fn=collate,
+                    make = lambda: moved(tud.DataLoader(data(), batch_size=a.batch_size, shuffle=True,  # noqa: E731
+                                                        num_workers=a.workers, collate_fn=fn,
                                                         persistent_workers=a.workers > 0), dev)
                 elif name.startswith("gputransforms"):
                     from gputransforms import DataLoader
@@ -138,8 +177,8 @@ def main(argv=None):
 
                     # num_workers as the user gives it to torch's loader (only the import changes); where the
                     # chain compiles, DALI's threads (a.threads below 8 workers) are set apart
-                    make = lambda: DataLoader(dataset(coco, preset), batch_size=a.batch_size, shuffle=True,  # noqa: E731
-                                              num_workers=a.workers, collate_fn=collate, **extra)
+                    make = lambda: DataLoader(data(), batch_size=a.batch_size, shuffle=True,  # noqa: E731
+                                              num_workers=a.workers, collate_fn=fn, **extra)
                 else:
                     make = lambda: dali_ssd(coco, a.batch_size, a.threads)  # noqa: E731
                 row.update(timed(make, a.images))

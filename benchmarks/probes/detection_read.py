@@ -1,6 +1,6 @@
 """What one worker process does per sample for a detection preset, on one core (#34):
 
-    python -m benchmarks.probes.detection_read ROOT [--presets ssd,ssdlite,hflip] [--samples 200]
+    python -m benchmarks.probes.detection_read ROOT [--presets ssd,ssdlite,hflip,seg] [--samples 200]
 
 - ``torchvision``: ``dataset[i]`` of torch's DataLoader (PIL decode, the joint transform on the pixels);
 - ``recorded``: our recorded read (the file's bytes, its header, torchvision's target, the joint transform on a
@@ -19,7 +19,7 @@ import torch
 
 
 def main(argv=None):
-    from benchmarks.detection import coco_of, dataset
+    from benchmarks.detection import coco_of, dataset, segmentation, voc_of
     from gputransforms.compiler import joint, registry
     from gputransforms.datasets.detection import resolve_detection
 
@@ -31,7 +31,8 @@ def main(argv=None):
     torch.set_num_threads(1)
     coco = coco_of(a.root)
     for preset in a.presets.split(","):
-        sub = dataset(coco, preset)
+        sub = segmentation(voc_of(a.root)) if preset == "seg" else dataset(coco, preset)
+        indices = getattr(sub, "indices", range(len(sub)))
         n = min(a.samples, len(sub))
         for i in range(5):
             sub[i]
@@ -39,7 +40,7 @@ def main(argv=None):
         for i in range(n):
             sub[i]
         theirs = (time.perf_counter() - t) / n * 1e3
-        read = resolve_detection(sub.dataset).reader(gpu=True, check_jpeg_scan=False)
+        read = resolve_detection(getattr(sub, "dataset", sub)).reader(gpu=True, check_jpeg_scan=False)
         ours = {}
         for name, keep in (("recorded", True), ("recorded, torchvision's IoU draw", False)):
             saved = dict(registry.REGISTRY)
@@ -49,10 +50,10 @@ def main(argv=None):
             try:
                 with joint.recording():
                     for i in range(5):
-                        read(sub.indices[i])
+                        read(indices[i])
                     t = time.perf_counter()
                     for i in range(n):
-                        read(sub.indices[i])
+                        read(indices[i])
                     ours[name] = (time.perf_counter() - t) / n * 1e3
             finally:
                 registry.REGISTRY.clear()

@@ -83,7 +83,22 @@ def _tensor(cls, array: np.ndarray, attributes: dict) -> torch.Tensor:
 class _TargetPickler(pickle.Pickler):
     """Pickles a target's CPU tensors (plain, or tv_tensors with their metadata) as NumPy arrays:
     torch's own tensor pickling (``torch.save`` per tensor) took 155 us to write and 163 us to read a
-    detection target of three entries; this, 31 and 14 (the reading is in the loader's main thread)."""
+    detection target of three entries; this, 31 and 14 (the reading is in the loader's main thread).
+    Tensors of more than ``BIG`` bytes (segmentation masks) are left out, as ``big``: torch's worker
+    processes hand those over in shared memory instead of through the pipe."""
+
+    BIG = 1 << 16
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.big: list = []
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and \
+                obj.numel() * obj.element_size() > self.BIG:
+            self.big.append(obj.as_subclass(torch.Tensor))  # (torch's shared-memory reducer: plain tensors)
+            return len(self.big) - 1, type(obj), dict(getattr(obj, "__dict__", {}))
+        return None
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and (type(obj) is torch.Tensor or isinstance(obj, tv_tensors.TVTensor)) \
@@ -96,6 +111,20 @@ class _TargetPickler(pickle.Pickler):
         return NotImplemented
 
 
+class _TargetUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, big: list):
+        super().__init__(io.BytesIO(data))
+        self.big = big
+
+    def persistent_load(self, pid):
+        k, cls, attributes = pid
+        t = self.big[k]
+        if cls is not torch.Tensor:
+            t = t.as_subclass(cls)
+            t.__dict__.update(attributes)
+        return t
+
+
 def _ready(sample, dev: torch.device):
     """A sample that ran as written in a worker (its image still on the CPU): its image on ``dev``."""
     if isinstance(sample, tuple) and sample and isinstance(sample[0], torch.Tensor):
@@ -103,10 +132,17 @@ def _ready(sample, dev: torch.device):
     return sample
 
 
-def _pickled(target) -> bytes:
+def _pickled(target) -> tuple:
+    """(the pickle's bytes, the big tensors it refers to)."""
     buf = io.BytesIO()
-    _TargetPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(target)
-    return buf.getvalue()
+    pickler = _TargetPickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dump(target)
+    return buf.getvalue(), pickler.big
+
+
+def _unpickled(packed: tuple):
+    data, big = packed
+    return _TargetUnpickler(data, big).load() if big else pickle.loads(data)
 
 
 #: joint transforms whose per-sample cost in the main thread exceeds what torch's worker processes
@@ -261,8 +297,8 @@ class DetectionSamples(FileSamples):
 
     def items(self, images, indices, extras=None) -> list:
         if extras is not None:  # recorded: the targets came from the workers, the images from the graph
-            return [_ready(pickle.loads(target), img.device) if kind == "ready" else
-                    (tv_tensors.Image(img) if kind == "image" else img, pickle.loads(target))
+            return [_ready(_unpickled(target), img.device) if kind == "ready" else
+                    (tv_tensors.Image(img) if kind == "image" else img, _unpickled(target))
                     for img, (kind, target) in zip(images, extras)]
         return [self.sample(img, i) for img, i in zip(images, indices)]
 
