@@ -330,7 +330,7 @@ class _BlurSomeWidths(v2.Transform):
 def test_a_users_class_that_reads_the_pixels_runs_as_written(voc):
     chain = v2.Compose([v2.ToImage(), _FlipIfBright(), v2.Resize((64, 64)), v2.ToDtype(torch.float32, scale=True)])
     ds = _voc_segmentation(voc, chain)
-    loader = DataLoader(ds, batch_size=8)
+    loader = DataLoader(ds, batch_size=8, device="cpu")
     assert "recorded per sample" not in loader.explain()
     for (x, m), (xt, mt) in zip(loader, tud.DataLoader(ds, batch_size=8)):
         assert torch.equal(m, mt)
@@ -351,7 +351,7 @@ def test_a_sample_the_recording_cannot_take_runs_as_written(voc):
                         v2.RandomHorizontalFlip(), v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True)])
     ds = _voc_segmentation(voc, chain)
     torch.manual_seed(0)
-    loader = DataLoader(ds, batch_size=8)
+    loader = DataLoader(ds, batch_size=8, device="cpu")
     assert "recorded per sample" in loader.explain()
     torch.manual_seed(5)
     ours = list(loader)
@@ -361,3 +361,25 @@ def test_a_sample_the_recording_cannot_take_runs_as_written(voc):
     for (x, m), (xt, mt) in zip(ours, theirs):
         assert torch.equal(m, mt)
         assert (x - xt).abs().mean() < 1 / 255
+
+
+def test_targets_travel_from_the_workers_as_they_were():
+    """What a worker hands the main process for a target: small tensors as bytes, integer tensors whose
+    values fit in uint8 narrowed (an int64 mask: an eighth of the bytes) and made int64 again, other big
+    tensors in shared memory; each comes back with its values, dtype, type and tv_tensor attributes."""
+    from gputransforms.datasets.detection import _pickled, _unpickled, _widen
+
+    gen = torch.Generator().manual_seed(0)
+    target = {"masks": tv_tensors.Mask(torch.randint(0, 256, (300, 300), generator=gen)),
+              "wide": torch.randint(0, 1000, (300, 300), generator=gen),
+              "boxes": tv_tensors.BoundingBoxes(torch.rand(3, 4, generator=gen), format="XYWH", canvas_size=(30, 40)),
+              "labels": torch.arange(3), "image_id": 7}
+    data, big = _pickled(target)
+    assert len(data) < 300 * 300 + 4096 and len(big) == 1 and big[0].dtype == torch.int64
+    back = _widen(_unpickled((data, big)))
+    assert list(back) == list(target) and back["image_id"] == 7
+    for key in ("masks", "wide", "boxes", "labels"):
+        assert type(back[key]) is type(target[key]) and back[key].dtype == target[key].dtype, key
+        assert torch.equal(back[key], target[key]), key
+        assert not back[key].__dict__.keys() - target[key].__dict__.keys(), key
+    assert back["boxes"].format == target["boxes"].format and back["boxes"].canvas_size == (30, 40)

@@ -20,6 +20,7 @@ DataLoader, whose PIL kernels differ from the tensor ones.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import os
@@ -76,6 +77,7 @@ def _tensor(cls, array: np.ndarray, attributes: dict) -> torch.Tensor:
     t = torch.from_numpy(array)
     if cls is not torch.Tensor:
         t = t.as_subclass(cls)
+    if attributes:
         t.__dict__.update(attributes)
     return t
 
@@ -92,10 +94,14 @@ class _TargetPickler(pickle.Pickler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.big: list = []
+        self.narrow: set = set()
 
     def persistent_id(self, obj):
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and \
                 obj.numel() * obj.element_size() > self.BIG:
+            if _fits_uint8(obj):
+                self.narrow.add(id(obj))  # (reducer_override sends it as uint8)
+                return None
             self.big.append(obj.as_subclass(torch.Tensor))  # (torch's shared-memory reducer: plain tensors)
             return len(self.big) - 1, type(obj), dict(getattr(obj, "__dict__", {}))
         return None
@@ -103,12 +109,51 @@ class _TargetPickler(pickle.Pickler):
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and (type(obj) is torch.Tensor or isinstance(obj, tv_tensors.TVTensor)) \
                 and obj.device.type == "cpu" and not obj.requires_grad:
+            attributes = dict(obj.__dict__)
+            if id(obj) in self.narrow:  # sent as uint8, made its own dtype again on the device (``_widen``)
+                attributes[_WIDEN] = obj.dtype
+                return _tensor, (type(obj), obj.to(torch.uint8).numpy(), attributes)
             try:
                 array = obj.numpy()
             except (RuntimeError, TypeError):  # a dtype NumPy lacks (bfloat16), a conjugate view
                 return NotImplemented
-            return _tensor, (type(obj), array, dict(obj.__dict__))
+            return _tensor, (type(obj), array, attributes)
         return NotImplemented
+
+
+#: the attribute of a tensor that travelled narrowed: the dtype it is made again (``_widen``)
+_WIDEN = "_gputransforms_widen_to"
+
+
+def _fits_uint8(t: torch.Tensor) -> bool:
+    """An integer tensor (a segmentation mask made int64 by ToDtype) whose values all fit in uint8: it
+    travels as uint8 (an eighth of the bytes: a 480x480 int64 mask is 1.8 MB; handing such tensors over
+    in shared memory cost the H100 host's main thread an authenticated connection per tensor)."""
+    if t.dtype in (torch.uint8, torch.bool) or t.dtype.is_floating_point or t.dtype.is_complex or not t.numel():
+        return False
+    return bool(t.min() >= 0) and bool(t.max() <= 255)
+
+
+def _widen(obj):
+    """Tensors that travelled narrowed as their own dtype again, with their type and attributes."""
+    if isinstance(obj, torch.Tensor):
+        dtype = obj.__dict__.get(_WIDEN)
+        if dtype is None:
+            return obj
+        attributes = {k: v for k, v in obj.__dict__.items() if k != _WIDEN}
+        wide = obj.as_subclass(torch.Tensor).to(dtype)
+        if type(obj) is not torch.Tensor:
+            wide = wide.as_subclass(type(obj))
+            wide.__dict__.update(attributes)
+        return wide
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_widen(o) for o in obj)
+    if isinstance(obj, dict):
+        out = copy.copy(obj)
+        for k, v in obj.items():
+            out[k] = _widen(v)
+        return out
+    return obj
 
 
 class _TargetUnpickler(pickle.Unpickler):
@@ -123,13 +168,6 @@ class _TargetUnpickler(pickle.Unpickler):
             t = t.as_subclass(cls)
             t.__dict__.update(attributes)
         return t
-
-
-def _ready(sample, dev: torch.device):
-    """A sample that ran as written in a worker (its image still on the CPU): its image on ``dev``."""
-    if isinstance(sample, tuple) and sample and isinstance(sample[0], torch.Tensor):
-        return (to_device(sample[0], dev),) + sample[1:]
-    return sample
 
 
 def _pickled(target) -> tuple:
@@ -297,9 +335,13 @@ class DetectionSamples(FileSamples):
 
     def items(self, images, indices, extras=None) -> list:
         if extras is not None:  # recorded: the targets came from the workers, the images from the graph
-            return [_ready(_unpickled(target), img.device) if kind == "ready" else
-                    (tv_tensors.Image(img) if kind == "image" else img, _unpickled(target))
-                    for img, (kind, target) in zip(images, extras)]
+            # the targets (and the samples that ran as written) on the images' device together, before the
+            # collate_fn: one copy per dtype, and a collate_fn that pads or stacks masks does it there
+            dev = images[0].device if len(images) else torch.device("cpu")
+            unpacked = [_unpickled(target) for _, target in extras]
+            unpacked = _widen(to_device(unpacked, dev) if dev.type == "cuda" else unpacked)
+            return [sample if kind == "ready" else (tv_tensors.Image(img) if kind == "image" else img, sample)
+                    for img, (kind, _), sample in zip(images, extras, unpacked)]
         return [self.sample(img, i) for img, i in zip(images, indices)]
 
     def batch(self, images, labels, dev, indices, extras=None) -> Any:
