@@ -364,21 +364,24 @@ def test_a_sample_the_recording_cannot_take_runs_as_written(voc):
 
 
 def test_targets_travel_from_the_workers_as_they_were():
-    """What a worker hands the main process for a target: small tensors as bytes, integer tensors whose
-    values fit in uint8 narrowed (an int64 mask: an eighth of the bytes) and made int64 again, other big
-    tensors in shared memory; each comes back with its values, dtype, type and tv_tensor attributes."""
-    from gputransforms.datasets.detection import _pickled, _unpickled, _widen
+    """What a worker hands the main process for a target: tensors as NumPy bytes, integer tensors whose
+    values fit in uint8 narrowed (an int64 mask: an eighth of the bytes) and made int64 again; each comes
+    back with its values, dtype, type and tv_tensor attributes."""
+    import pickle
+
+    from gputransforms.datasets.detection import _pickled, _widen
 
     gen = torch.Generator().manual_seed(0)
     target = {"masks": tv_tensors.Mask(torch.randint(0, 256, (300, 300), generator=gen)),
               "wide": torch.randint(0, 1000, (300, 300), generator=gen),
+              "bools": tv_tensors.Mask(torch.rand(2, 300, 300, generator=gen) > 0.5),
               "boxes": tv_tensors.BoundingBoxes(torch.rand(3, 4, generator=gen), format="XYWH", canvas_size=(30, 40)),
               "labels": torch.arange(3), "image_id": 7}
-    data, big = _pickled(target)
-    assert len(data) < 300 * 300 + 4096 and len(big) == 1 and big[0].dtype == torch.int64
-    back = _widen(_unpickled((data, big)))
+    data = _pickled(target)
+    assert len(data) < 300 * 300 * (1 + 8 + 2) + 4096  # the int64 mask as one byte a value
+    back = _widen(pickle.loads(data))
     assert list(back) == list(target) and back["image_id"] == 7
-    for key in ("masks", "wide", "boxes", "labels"):
+    for key in ("masks", "wide", "bools", "boxes", "labels"):
         assert type(back[key]) is type(target[key]) and back[key].dtype == target[key].dtype, key
         assert torch.equal(back[key], target[key]), key
         assert not back[key].__dict__.keys() - target[key].__dict__.keys(), key

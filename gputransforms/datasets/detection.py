@@ -86,31 +86,19 @@ class _TargetPickler(pickle.Pickler):
     """Pickles a target's CPU tensors (plain, or tv_tensors with their metadata) as NumPy arrays:
     torch's own tensor pickling (``torch.save`` per tensor) took 155 us to write and 163 us to read a
     detection target of three entries; this, 31 and 14 (the reading is in the loader's main thread).
-    Tensors of more than ``BIG`` bytes (segmentation masks) are left out, as ``big``: torch's worker
-    processes hand those over in shared memory instead of through the pipe."""
+    Everything travels through the worker's pipe: torch's shared-memory hand-over of a tensor opens an
+    authenticated connection to the worker per tensor (py-spy on the H100 host: 41% of a segmentation
+    loader's main thread for one mask a sample). Integer tensors over ``NARROW`` bytes whose values fit
+    in uint8 (a mask made int64 by ToDtype) travel as uint8 and are made their dtype again on the
+    device (``_widen``)."""
 
-    BIG = 1 << 16
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.big: list = []
-        self.narrow: set = set()
-
-    def persistent_id(self, obj):
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and \
-                obj.numel() * obj.element_size() > self.BIG:
-            if _fits_uint8(obj):
-                self.narrow.add(id(obj))  # (reducer_override sends it as uint8)
-                return None
-            self.big.append(obj.as_subclass(torch.Tensor))  # (torch's shared-memory reducer: plain tensors)
-            return len(self.big) - 1, type(obj), dict(getattr(obj, "__dict__", {}))
-        return None
+    NARROW = 1 << 16
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and (type(obj) is torch.Tensor or isinstance(obj, tv_tensors.TVTensor)) \
                 and obj.device.type == "cpu" and not obj.requires_grad:
             attributes = dict(obj.__dict__)
-            if id(obj) in self.narrow:  # sent as uint8, made its own dtype again on the device (``_widen``)
+            if obj.numel() * obj.element_size() > self.NARROW and _fits_uint8(obj):
                 attributes[_WIDEN] = obj.dtype
                 return _tensor, (type(obj), obj.to(torch.uint8).numpy(), attributes)
             try:
@@ -126,9 +114,8 @@ _WIDEN = "_gputransforms_widen_to"
 
 
 def _fits_uint8(t: torch.Tensor) -> bool:
-    """An integer tensor (a segmentation mask made int64 by ToDtype) whose values all fit in uint8: it
-    travels as uint8 (an eighth of the bytes: a 480x480 int64 mask is 1.8 MB; handing such tensors over
-    in shared memory cost the H100 host's main thread an authenticated connection per tensor)."""
+    """An integer tensor wider than uint8 (a segmentation mask made int64 by ToDtype) whose values all fit
+    in uint8: it travels as uint8 (an eighth of the bytes: a 480x480 int64 mask is 1.8 MB)."""
     if t.dtype in (torch.uint8, torch.bool) or t.dtype.is_floating_point or t.dtype.is_complex or not t.numel():
         return False
     return bool(t.min() >= 0) and bool(t.max() <= 255)
@@ -156,31 +143,10 @@ def _widen(obj):
     return obj
 
 
-class _TargetUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, big: list):
-        super().__init__(io.BytesIO(data))
-        self.big = big
-
-    def persistent_load(self, pid):
-        k, cls, attributes = pid
-        t = self.big[k]
-        if cls is not torch.Tensor:
-            t = t.as_subclass(cls)
-            t.__dict__.update(attributes)
-        return t
-
-
-def _pickled(target) -> tuple:
-    """(the pickle's bytes, the big tensors it refers to)."""
+def _pickled(target) -> bytes:
     buf = io.BytesIO()
-    pickler = _TargetPickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dump(target)
-    return buf.getvalue(), pickler.big
-
-
-def _unpickled(packed: tuple):
-    data, big = packed
-    return _TargetUnpickler(data, big).load() if big else pickle.loads(data)
+    _TargetPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(target)
+    return buf.getvalue()
 
 
 #: joint transforms whose per-sample cost in the main thread exceeds what torch's worker processes
@@ -338,7 +304,7 @@ class DetectionSamples(FileSamples):
             # the targets (and the samples that ran as written) on the images' device together, before the
             # collate_fn: one copy per dtype, and a collate_fn that pads or stacks masks does it there
             dev = images[0].device if len(images) else torch.device("cpu")
-            unpacked = [_unpickled(target) for _, target in extras]
+            unpacked = [pickle.loads(target) for _, target in extras]
             unpacked = _widen(to_device(unpacked, dev) if dev.type == "cuda" else unpacked)
             return [sample if kind == "ready" else (tv_tensors.Image(img) if kind == "image" else img, sample)
                     for img, (kind, _), sample in zip(images, extras, unpacked)]
