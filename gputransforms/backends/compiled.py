@@ -278,7 +278,7 @@ class CompiledIterator(EpochIterator):
                 raise err from e
         indices = self.epoch.in_flight.popleft()
         # what the samples gave beside the graph's inputs (a recorded joint transform's targets)
-        more = dict(extras=self.epoch.extras.popleft()) if getattr(self.epoch, "extras", None) else {}
+        more = dict(extras=self.epoch.extras.popleft()) if self.epoch.extras else {}
         images = self.to_torch(out[0])
         pipe.schedule_run()
         images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw)

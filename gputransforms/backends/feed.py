@@ -74,6 +74,8 @@ class EpochFeed:
     ``timeout`` (torch's DataLoader argument; 0: none): seconds a batch's files may take to read before
     the epoch ends with an error naming the sample whose read stalled."""
 
+    extras: Optional[collections.deque] = None  # what samples gave beside the graph's inputs, per batch fed
+
     def __init__(self, samples: FileSamples, batches, pool: ReaderThreads, lookahead: int, *, skip: bool,
                  gpu: bool, check_jpeg_scan: bool, skipped: list, timeout: float = 0, via_pil: frozenset = frozenset()):
         self.samples, self.timeout = samples, timeout
@@ -247,7 +249,7 @@ class ProcessDecoders:
 
     def __init__(self, samples, workers: int, lookahead: int, planes: bool = False, timeout: float = 0,
                  gpu: bool = False, seed: Optional[int] = None):
-        extras = bool(getattr(samples, "extras", False))
+        extras = bool(samples.extras)
         self.flat = _Flat(self.CHUNK if extras and workers > 0 else 1)
         # planes: clips as the decoder gives them (video.read_planes), converted to RGB in the graph
         read = samples.reader(gpu=gpu, check_jpeg_scan=False, planes=True) if planes else \

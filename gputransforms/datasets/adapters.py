@@ -41,6 +41,7 @@ class FileSamples:
     #: what the dataset itself does with a bad sample ("raise", "skip"), or None: the loader's on_error
     on_error = None
     warn_skipped = True  # the epoch's skipped samples are reported in a SkippedSamplesWarning
+    extras = False  # each sample gives something for the batch beside the graph's inputs (feed.ProcessDecoders)
 
     def __len__(self) -> int:
         return len(self.paths)

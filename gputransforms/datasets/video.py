@@ -36,6 +36,7 @@ class ClipSamples:
 
     on_error = None  # (FileSamples' protocol: the loader's on_error applies)
     warn_skipped = True
+    extras = False
 
     @property
     def plan_input(self) -> str:
