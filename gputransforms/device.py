@@ -123,27 +123,36 @@ def to_device(batch, dev: torch.device):
     return _to_device(batch, dev, moved)
 
 
-def _to_device(batch, dev: torch.device, moved: Optional[dict]):
+def map_tensors(batch, fn):
+    """``batch`` with each tensor in it (in lists, tuples and mappings, at any depth) replaced by ``fn(t)``;
+    a mapping keeps its type (defaultdict, OrderedDict, a user's)."""
     if isinstance(batch, torch.Tensor):
-        if moved is not None and id(batch) in moved:
-            return moved[id(batch)]
-        if batch.device == dev:
-            return batch
-        attributes = getattr(batch, "__dict__", None)
-        if dev.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
-            batch = batch.pin_memory()
-        out = batch.to(dev, non_blocking=True)
+        return fn(batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(b, fn) for b in batch)
+    if isinstance(batch, dict):
+        out = copy.copy(batch)
+        for k, v in batch.items():
+            out[k] = map_tensors(v, fn)
+        return out
+    return batch
+
+
+def _to_device(batch, dev: torch.device, moved: Optional[dict]):
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if moved is not None and id(t) in moved:
+            return moved[id(t)]
+        if t.device == dev:
+            return t
+        attributes = getattr(t, "__dict__", None)
+        if dev.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+            t = t.pin_memory()
+        out = t.to(dev, non_blocking=True)
         if attributes:  # (a tv_tensor's own metadata comes along anyway; any other attribute too)
             out.__dict__.update(attributes)
         return out
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, dev, moved) for b in batch)
-    if isinstance(batch, dict):
-        out = copy.copy(batch)  # keeps the mapping's type (defaultdict, OrderedDict, a user's)
-        for k, v in batch.items():
-            out[k] = _to_device(v, dev, moved)
-        return out
-    return batch
+
+    return map_tensors(batch, one)
 
 
 def _cpu_leaves(batch, out: list) -> None:

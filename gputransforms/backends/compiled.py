@@ -156,7 +156,7 @@ class CompiledGraph(Backend):
                 slot.decoders = ProcessDecoders(self.files, s.num_threads, lookahead=s.prefetch_queue_depth + 2,
                                                 planes=first.args["frames"] == "yuv420", timeout=s.timeout)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped)
-        if getattr(self.files, "extras", False):  # a joint transform recorded per sample, in torch's workers
+        if self.files.extras:  # a joint transform recorded per sample, in torch's workers
             if slot.decoders is None:
                 slot.decoders = ProcessDecoders(self.files, s.num_workers, lookahead=s.prefetch_queue_depth + 2,
                                                 timeout=s.timeout, gpu=s.device == "gpu", seed=slot.seed)

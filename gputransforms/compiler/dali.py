@@ -357,11 +357,12 @@ def to_torch(tensor_list):
     if tensor_list.is_dense_tensor():
         return torch.from_dlpack(tensor_list.as_tensor())
     samples = [tensor_list[i] for i in range(len(tensor_list))]
-    if not samples or samples[0].__dlpack_device__()[0] != 2:  # (kDLCUDA)
+    kind, index = samples[0].__dlpack_device__() if samples else (None, None)
+    if kind != 2:  # (kDLCUDA)
         return [torch.from_dlpack(t) for t in samples]
     # on the GPU: the consumer stream found once for the batch, not once a sample (torch.from_dlpack's
     # negotiation per call was 7% of a detection loader's main thread on the H100 host)
-    stream = torch.cuda.current_stream(samples[0].__dlpack_device__()[1]).cuda_stream or 1
+    stream = torch.cuda.current_stream(index).cuda_stream or 1
     try:
         return [torch.from_dlpack(t.__dlpack__(stream=stream)) for t in samples]
     except TypeError:  # a DALI whose __dlpack__ takes no stream

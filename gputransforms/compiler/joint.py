@@ -287,6 +287,17 @@ class JointProgram:
                 row += [size[0], size[1]]
         return np.asarray(row, dtype=np.float32)
 
+    def as_recorded(self, ops: list) -> "JointProgram":
+        """This structure with the resizes, the fill and the colour block as one sample's record has them
+        (for a chain whose classes say nothing of them: a user's own; a sample recorded otherwise is
+        replayed, ``row``)."""
+        resizes = tuple((interp_name(a["interpolation"]), bool(a["antialias"])) for name, a, _ in ops
+                        if name == "resize")
+        fills = [uint8_fill(a["fill"]) for name, a, _ in ops
+                 if name == "pad" and any(F._geometry._parse_pad_padding(a["padding"]))]
+        colour = self.colour or any(name in COLOUR_SLOTS for name, _, _ in ops)
+        return dataclasses.replace(self, resizes=resizes, fill=fills[0] if fills else self.fill, colour=colour)
+
     def row(self, ops: list, size: tuple) -> Optional[np.ndarray]:
         """One sample's row, from its record on an image of ``size``; None where the structure cannot
         express it (the sample is then replayed); long because it is one pass over the record: each op

@@ -20,7 +20,6 @@ DataLoader, whose PIL kernels differ from the tensor ones.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import io
 import os
@@ -38,7 +37,7 @@ from torchvision import tv_tensors
 from .. import files
 from ..compiler import joint as recorded
 from ..compiler.registry import joint_ok
-from ..device import to_device
+from ..device import map_tensors, to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
 
@@ -118,29 +117,23 @@ def _fits_uint8(t: torch.Tensor) -> bool:
     in uint8: it travels as uint8 (an eighth of the bytes: a 480x480 int64 mask is 1.8 MB)."""
     if t.dtype in (torch.uint8, torch.bool) or t.dtype.is_floating_point or t.dtype.is_complex or not t.numel():
         return False
-    return bool(t.min() >= 0) and bool(t.max() <= 255)
+    low, high = torch.aminmax(t)
+    return bool(low >= 0) and bool(high <= 255)
 
 
 def _widen(obj):
     """Tensors that travelled narrowed as their own dtype again, with their type and attributes."""
-    if isinstance(obj, torch.Tensor):
-        dtype = obj.__dict__.get(_WIDEN)
+    def one(t: torch.Tensor) -> torch.Tensor:
+        dtype = t.__dict__.get(_WIDEN)
         if dtype is None:
-            return obj
-        attributes = {k: v for k, v in obj.__dict__.items() if k != _WIDEN}
-        wide = obj.as_subclass(torch.Tensor).to(dtype)
-        if type(obj) is not torch.Tensor:
-            wide = wide.as_subclass(type(obj))
-            wide.__dict__.update(attributes)
+            return t
+        wide = t.as_subclass(torch.Tensor).to(dtype)
+        if type(t) is not torch.Tensor:
+            wide = wide.as_subclass(type(t))
+        wide.__dict__.update({k: v for k, v in t.__dict__.items() if k != _WIDEN})
         return wide
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_widen(o) for o in obj)
-    if isinstance(obj, dict):
-        out = copy.copy(obj)
-        for k, v in obj.items():
-            out[k] = _widen(v)
-        return out
-    return obj
+
+    return map_tensors(obj, one)
 
 
 def _pickled(target) -> bytes:
@@ -386,7 +379,7 @@ def resolve_detection(ds) -> DetectionSamples:
                                "(datasets/detection.py)")
     program = _program(samples)
     if program is not None:
-        samples.user_steps = [type(t).__name__ for t in _steps(joint) if not joint_ok(t)]
+        samples.user_steps = [type(t).__name__ for t in _user_steps(_steps(joint))]
         samples.record_with(program, f"{what} recorded per sample, its pixel work in the graph "
                                      "(datasets/detection.py, compiler/joint.py)")
     return samples
@@ -404,6 +397,11 @@ def _user_class(t) -> bool:
     return isinstance(t, v2.Transform) and not type(t).__module__.startswith("torchvision.")
 
 
+def _user_steps(steps: list) -> list:
+    """The steps recorded only after the pixel-blind probe: the user's own classes without a ``joint`` entry."""
+    return [t for t in steps if not joint_ok(t) and _user_class(t)]
+
+
 def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
     """The joint graph's structure for the samples' joint transform, where every step may be recorded
     (the registry's ``joint`` entries, or a user's own class whose recording on stand-ins of 0 and of 255
@@ -413,7 +411,7 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
 
     ds, joint, kind = samples.ds, samples.joint, samples.kind
     steps = _steps(joint) if joint is not None else []
-    user = [t for t in steps if not joint_ok(t) and _user_class(t)]
+    user = _user_steps(steps)
     if not steps or not all(joint_ok(t) or _user_class(t) for t in steps) or not len(samples):
         return None
     image_type = tv_tensors.Image if kind == "image" else torch.Tensor
@@ -436,26 +434,9 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
                        recorded.record(joint, size, target(), kind))[0]
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
-            return dataclasses.replace(_as_recorded(program, ops) if user else program, tail=tail)
+            return dataclasses.replace(program.as_recorded(ops) if user else program, tail=tail)
         except recorded.Unrecordable:
             return None
         except Exception:  # noqa: BLE001 - this sample's own error (no boxes, say): the next one
             continue
     return None
-
-
-def _as_recorded(program: recorded.JointProgram, ops: list) -> recorded.JointProgram:
-    """With a user's class in the chain, the graph's resizes and fill as the probe's record has them
-    (a sample recorded otherwise is replayed: ``JointProgram.row``)."""
-    resizes = tuple((recorded.interp_name(a["interpolation"]), bool(a["antialias"])) for name, a, _ in ops
-                    if name == "resize")
-    fills = [recorded.uint8_fill(a["fill"]) for name, a, _ in ops
-             if name == "pad" and any(_pad_amounts(a["padding"]))]
-    colour = program.colour or any(name in recorded.COLOUR_SLOTS for name, _, _ in ops)
-    return dataclasses.replace(program, resizes=resizes, fill=fills[0] if fills else program.fill, colour=colour)
-
-
-def _pad_amounts(padding) -> list:
-    from torchvision.transforms.v2.functional import _geometry
-
-    return _geometry._parse_pad_padding(padding)
