@@ -90,10 +90,11 @@ def test_kept_image_column_reaches_the_collate_fn_and_default_collate_raises_as_
         return collate_fn(examples)
 
     batch = next(iter(DataLoader(ds, batch_size=4, collate_fn=collate, device="cpu")))
-    assert list(seen[0]) == ["image", "label", "pixel_values"]
-    ref = ds[0]
-    assert isinstance(seen[0]["image"], Image.Image) and seen[0]["label"] == ref["label"]
-    assert seen[0]["image"].size == ref["image"].size and seen[0]["image"].tobytes() == ref["image"].tobytes()
+    assert [list(item) for item in seen] == [["image", "label", "pixel_values"]] * 4
+    for i, item in enumerate(seen):  # each item is its own row's
+        ref = ds[i]
+        assert isinstance(item["image"], Image.Image) and item["label"] == ref["label"]
+        assert item["image"].size == ref["image"].size and item["image"].tobytes() == ref["image"].tobytes()
     assert batch["pixel_values"].shape == (4, 3, 64, 64)
     with pytest.raises(TypeError, match="default_collate") as ours:
         next(iter(DataLoader(ds, batch_size=4, device="cpu")))

@@ -21,6 +21,7 @@ DataLoader, whose PIL kernels differ from the tensor ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import pickle
@@ -134,6 +135,12 @@ def _widen(obj):
         return wide
 
     return map_tensors(obj, one)
+
+
+@functools.lru_cache(maxsize=1)
+def _placeholder() -> np.ndarray:
+    """What the graph decodes in place of a sample that ran as written (its output is not used): 1x1 black."""
+    return files.bmp_of(np.zeros((1, 1, 3), dtype=np.uint8))
 
 
 def _pickled(target) -> bytes:
@@ -262,13 +269,14 @@ class DetectionSamples(FileSamples):
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
                 if not (isinstance(e, recorded.Unrecordable) or user):
                     raise  # torchvision's own error for this sample (it raises it too)
-                # the sample runs as written, from the same RNG state, on the pixels PIL decodes (the graph's
-                # decode of it is left unused); its own error, if it has one, is raised here as torchvision does
+                # the sample runs as written, from the same RNG state, on the pixels PIL decodes; its own error,
+                # if it has one, is raised here as torchvision does. The graph gets a 1x1 placeholder in its place
+                # (its output is left unused), not the file to decode again.
                 torch.set_rng_state(state)
                 image = torch.from_numpy(np.asarray(files.pil_rgb(i, path, data))).permute(2, 0, 1)
                 out = joint(tv_tensors.Image(image) if kind == "image" else image,
                             ds._wrapper(k, (img, raw_target(k)))[1])
-                return (encoded, program.identity(size)), ("ready", _pickled(out))
+                return (_placeholder(), program.identity((1, 1))), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
                 image = recorded.replay(torch.from_numpy(

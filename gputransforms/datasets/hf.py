@@ -200,14 +200,24 @@ class HFSamples(FileSamples):
 
     def _value(self, source: str, i: int, lazy: bool = True):
         if source == self.column:  # the image column kept by the format transform
-            return LazyImage(lambda: self.decoded(i)) if lazy else self.decoded(i)
+            return LazyImage(self.decoded, i) if lazy else self.decoded(i)
         return self.rows[source][i]
 
     def items(self, images, indices) -> list:
-        out = []
-        for image, i in zip(images, indices):
-            out.append({k: image if k == self.key else self._value(self.mapping[k], i) for k in self.order})
-        return out
+        """One dict per row, built column by column (the main thread builds 256 of them per batch
+        while the reader threads wait for the GIL)."""
+        columns = []
+        for k in self.order:
+            source = self.mapping.get(k)
+            if k == self.key:
+                columns.append(images)
+            elif source == self.column:
+                columns.append([LazyImage(self.decoded, i) for i in indices])
+            else:
+                values = self.rows[source]
+                columns.append([values[i] for i in indices])
+        order = self.order
+        return [dict(zip(order, row)) for row in zip(*columns)]
 
     def batch(self, images, labels, dev, indices) -> dict:
         """The dict torch's default_collate makes of the items (which raises, as it does, where a kept
@@ -223,18 +233,15 @@ class LazyImage:
     example's collate_fn never uses it, and reading every file a second time in the main thread
     halved the loader's speed). Attributes and ``isinstance(x, PIL.Image.Image)`` reach the image."""
 
-    __slots__ = ("_make", "_image")
+    __slots__ = ("_make", "_row", "_image")
 
-    def __init__(self, make: Callable[[], Image.Image]):
-        object.__setattr__(self, "_make", make)
-        object.__setattr__(self, "_image", None)
+    def __init__(self, make: Callable[[int], Image.Image], row: int):
+        self._make, self._row, self._image = make, row, None
 
     def _get(self) -> Image.Image:
-        img = object.__getattribute__(self, "_image")
-        if img is None:
-            img = object.__getattribute__(self, "_make")()
-            object.__setattr__(self, "_image", img)
-        return img
+        if self._image is None:
+            self._image = self._make(self._row)
+        return self._image
 
     @property
     def __class__(self):  # isinstance() sees the image's class
