@@ -305,6 +305,67 @@ def test_segmentation_reference_preset_is_recorded_with_its_own_pad_class(voc, d
     assert sum(len(m) for m in masks) == len(ds)
 
 
+def test_masks_made_in_one_gather_are_torchvisions():
+    """joint_masks.realize: random sequences of crops (out of bounds too), pads, flips, nearest resizes
+    (with max_size), center crops and a ToDtype, against torchvision's own mask kernels, to the value."""
+    import random
+
+    from gputransforms.compiler import joint_masks
+
+    rng = random.Random(0)
+    for _ in range(400):
+        h0, w0 = rng.randint(1, 70), rng.randint(1, 70)
+        real = tv_tensors.Mask(torch.randint(0, 256, rng.choice([(), (1,), (3,)]) + (h0, w0), dtype=torch.uint8))
+        ops, cur = [(joint_masks.SOURCE, {"source": real}, (h0, w0))], real
+        for _ in range(rng.randint(1, 5)):
+            h, w = cur.shape[-2:]
+            name = rng.choice(["crop", "pad", "horizontal_flip", "vertical_flip", "resize", "center_crop"])
+            a = dict(crop=dict(top=rng.randint(-8, h), left=rng.randint(-8, w), height=rng.randint(1, h + 8),
+                               width=rng.randint(1, w + 8)),
+                     pad=dict(padding=[rng.randint(0, 5) for _ in range(rng.choice([1, 2, 4]))],
+                              fill=rng.choice([None, 0, 255, 7]), padding_mode="constant"),
+                     resize=rng.choice([dict(size=[rng.randint(1, 150)], max_size=rng.choice([None, 160])),
+                                        dict(size=[rng.randint(1, 150), rng.randint(1, 150)], max_size=None)]),
+                     center_crop=dict(output_size=[rng.randint(1, h + 9), rng.randint(1, w + 9)])).get(name, {})
+            cur = getattr(v2.functional, name)(cur, **a)
+            ops.append((name, a, (h, w)))
+        ops.append(("to_dtype", dict(dtype=torch.int64, scale=False), tuple(cur.shape[-2:])))
+        made = joint_masks.widened(joint_masks.realize(ops))
+        assert made.dtype == torch.int64 and torch.equal(made, cur.as_subclass(torch.Tensor).to(torch.int64)), ops
+
+
+class _MaskTo255(v2.Transform):
+    """A user's class that reads the masks' values (their 0 made 255): masks cannot be recorded."""
+
+    def transform(self, inpt, params):
+        if isinstance(inpt, tv_tensors.Mask):
+            return tv_tensors.wrap(torch.where(inpt == 0, 255, inpt).to(inpt.dtype), like=inpt)
+        return inpt
+
+
+def test_masks_recorded_where_the_chain_moves_them_only_through_their_functionals(voc):
+    """The segmentation preset's masks are recorded and made in one gather (explain() says so); a chain
+    with a class that reads the masks' values keeps torchvision's kernels on the real masks. Both give
+    torchvision's masks exactly."""
+    chains = {True: SegmentationPresetTrain(base_size=160, crop_size=144),
+              False: v2.Compose([v2.ToImage(), v2.RandomResize(80, 200), _MaskTo255(), v2.RandomHorizontalFlip(),
+                                 v2.RandomCrop(144, pad_if_needed=True, fill={tv_tensors.Mask: 255, "others": 0}),
+                                 v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64,
+                                             "others": None}, scale=True), v2.ToPureTensor()])}
+    for recorded_masks, chain in chains.items():
+        ds = _voc_segmentation(voc, chain)
+        loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device="cpu")
+        plan = loader.explain()
+        assert "recorded per sample" in plan and ("masks: recorded with the image" in plan) == recorded_masks, plan
+        torch.manual_seed(11)
+        ours = [m for _, m in loader]
+        torch.manual_seed(11)
+        theirs = [m for _, m in tud.DataLoader(ds, batch_size=8, collate_fn=segmentation_collate)]
+        assert len(ours) == len(theirs) == 6
+        for m, mt in zip(ours, theirs):
+            assert m.dtype == mt.dtype == torch.int64 and torch.equal(m, mt)
+
+
 class _FlipIfBright(v2.Transform):
     """A user's class that reads the pixels (not recordable: it must run as written)."""
 

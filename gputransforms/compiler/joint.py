@@ -35,6 +35,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional import _utils as _futils
 
+from ..device import map_tensors
+from . import joint_masks
 from .registry import draws
 
 #: the functionals the graph does: colour (in RandomPhotometricDistort's order), geometry, value tail
@@ -74,7 +76,7 @@ class _Record:
             *shape)
         self.alive.append(t)
         self.ops[t.data_ptr()] = ops
-        return t.as_subclass(tv_tensors.Image) if isinstance(like, tv_tensors.Image) else t
+        return t.as_subclass(type(like)) if isinstance(like, (tv_tensors.Image, tv_tensors.Mask)) else t
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,22 +93,22 @@ def _bound(real, inpt, args, kwargs) -> dict:
 
 
 def _shape_after(name: str, shape: tuple, dtype, a: dict) -> tuple:
-    c, h, w = shape[-3:]
+    lead, (h, w) = tuple(shape[:-2]), shape[-2:]
     if name in COLOUR_SLOTS or name in ("horizontal_flip", "vertical_flip", "normalize"):
         return shape, dtype
     if name == "to_dtype":
         return shape, a["dtype"]
     if name == "crop":
-        return (c, int(a["height"]), int(a["width"])), dtype
+        return lead + (int(a["height"]), int(a["width"])), dtype
     if name == "pad":
         left, right, top, bottom = F._geometry._parse_pad_padding(a["padding"])
-        return (c, h + top + bottom, w + left + right), dtype
+        return lead + (h + top + bottom, w + left + right), dtype
     if name == "resize":
         nh, nw = F._geometry._compute_resized_output_size((h, w), size=a["size"], max_size=a.get("max_size"))
-        return (c, nh, nw), dtype
+        return lead + (nh, nw), dtype
     if name == "center_crop":
         ch, cw = F._geometry._center_crop_parse_output_size(a["output_size"])
-        return (c, ch, cw), dtype
+        return lead + (ch, cw), dtype
     raise Unrecordable(name)
 
 
@@ -121,7 +123,10 @@ def _recording_kernel(functional, registered):
         ops = rec.ops.get(inpt.data_ptr()) if rec is not None else None
         if ops is None:  # not one of ours (another thread's torchvision call while the kernels are swapped)
             return registered(inpt, *args, **kwargs)
-        if name not in COLOUR_SLOTS + GEOMETRY + TAIL:
+        if joint_masks.made(ops):
+            if name not in joint_masks.MASK_OPS:
+                raise joint_masks.MaskUnrecordable(name)
+        elif name not in COLOUR_SLOTS + GEOMETRY + TAIL:
             raise Unrecordable(name)
         a = _bound(real, inpt, args, kwargs)
         shape, dtype = _shape_after(name, tuple(inpt.shape), inpt.dtype, a)
@@ -151,7 +156,7 @@ def _swap_in() -> None:
     for functional, registry in list(_futils._KERNEL_REGISTRY.items()):
         if functional.__name__ in _QUERIES:
             continue
-        for cls in (tv_tensors.Image, torch.Tensor):
+        for cls in (tv_tensors.Image, torch.Tensor, tv_tensors.Mask):
             real = registry.get(cls)
             if real is not None:
                 _SAVED.append((registry.__setitem__, cls, real))
@@ -198,15 +203,23 @@ def keep_recording() -> None:
             _SWAPPED[0] += 1
 
 
-def record(joint, size: tuple, target, kind: str = "image", value: Optional[int] = None) -> tuple:
+def record(joint, size: tuple, target, kind: str = "image", value: Optional[int] = None,
+           lazy_masks: bool = False) -> tuple:
     """Run ``joint(image, target)`` on a stand-in uint8 RGB image of ``size`` (h, w): returns (the
     recorded functionals applied to the image, in order, each (name, arguments, size before); the
     transformed target; the output image's type: "image" or "tensor"). Unrecordable if the transform
     calls a functional the graph lacks. ``value``: every stand-in holds it (a probe of whether a
-    transform reads the pixels: ``pixel_blind``)."""
+    transform reads the pixels: ``pixel_blind``). ``lazy_masks``: the target's uint8 masks are
+    stand-ins too, made from their records in one gather (``joint_masks``); MaskUnrecordable where
+    they cannot be (the caller records again with the real masks, from the same random state)."""
     rec = _Record(value)
     image = rec.stand_in(tv_tensors.Image(torch.empty(1, 1)) if kind == "image" else torch.empty(0),
                          (3, int(size[0]), int(size[1])), torch.uint8, [])
+    leaves: list = []
+    map_tensors(target, leaves.append)
+    if lazy_masks and all(joint_masks.wanted(t) for t in leaves if isinstance(t, tv_tensors.Mask)):
+        target = map_tensors(target, lambda t: rec.stand_in(t, tuple(t.shape), t.dtype, [
+            (joint_masks.SOURCE, {"source": t}, tuple(t.shape[-2:]))]) if joint_masks.wanted(t) else t)
     prev = getattr(_LOCAL, "record", None)
     _LOCAL.record = rec
     try:
@@ -219,7 +232,25 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
     ops = rec.ops.get(out[0].data_ptr())
     if ops is None:
         raise Unrecordable("the image the joint transform returned is not the one it was given")
-    return ops, out[1], "image" if isinstance(out[0], tv_tensors.Image) else "tensor"
+    lazy = any(joint_masks.made(o) for o in rec.ops.values())
+    made = map_tensors(out[1], functools.partial(_made, rec)) if lazy else out[1]
+    return ops, made, "image" if isinstance(out[0], tv_tensors.Image) else "tensor"
+
+
+def _made(rec: _Record, t: torch.Tensor) -> torch.Tensor:
+    """A target tensor as it leaves a recording with lazy masks: a mask stand-in made from its record;
+    any other Mask (one that left its stand-in by another way than the recorded functionals) refused."""
+    ops = rec.ops.get(t.data_ptr()) if t.numel() else None
+    if ops is not None and joint_masks.made(ops):
+        mask = ops[0][1]["source"].as_subclass(torch.Tensor) if len(ops) == 1 else joint_masks.realize(ops)
+        if type(t) is torch.Tensor:
+            return mask
+        out = mask.as_subclass(type(t))
+        out.__dict__.update(mask.__dict__)
+        return out
+    if ops is not None or isinstance(t, tv_tensors.Mask):
+        raise joint_masks.MaskUnrecordable("a mask left the transform other than through its functionals")
+    return t
 
 
 def pixel_blind(joint, size: tuple, make_target, kind: str) -> tuple:
@@ -233,6 +264,26 @@ def pixel_blind(joint, size: tuple, make_target, kind: str) -> tuple:
     if first[2] != second[2] or not _same(first[0], second[0]) or not _same(first[1], second[1]):
         raise Unrecordable("its parameters depend on the pixel values")
     return first
+
+
+def masks_blind(joint, size: tuple, make_target, kind: str) -> bool:
+    """Whether the target's masks may be recorded (``record(lazy_masks=True)``): one sample recorded with
+    its real masks, and with mask stand-ins of 0 and of 255, from one random state, gives the same
+    record and the same target each time (a transform that reads the masks' values, or moves them
+    other than through their functionals, does not)."""
+    state = torch.get_rng_state()
+    try:
+        real = record(joint, size, make_target(), kind)
+        for value in (0, 255):
+            torch.set_rng_state(state)
+            lazy = record(joint, size, make_target(), kind, value=value, lazy_masks=True)
+            if real[2] != lazy[2] or not _same(real[0], lazy[0]) or not _same(real[1], joint_masks.widened(lazy[1])):
+                return False
+    except (Unrecordable, joint_masks.MaskUnrecordable):
+        return False
+    finally:
+        torch.set_rng_state(state)
+    return True
 
 
 def _same(a, b) -> bool:

@@ -37,8 +37,10 @@ from torchvision import tv_tensors
 
 from .. import files
 from ..compiler import joint as recorded
+from ..compiler import joint_masks
+from ..compiler.joint_masks import MaskUnrecordable
 from ..compiler.registry import joint_ok
-from ..device import map_tensors, to_device
+from ..device import to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
 
@@ -99,7 +101,7 @@ class _TargetPickler(pickle.Pickler):
                 and obj.device.type == "cpu" and not obj.requires_grad:
             attributes = dict(obj.__dict__)
             if obj.numel() * obj.element_size() > self.NARROW and _fits_uint8(obj):
-                attributes[_WIDEN] = obj.dtype
+                attributes[joint_masks.WIDEN] = obj.dtype
                 return _tensor, (type(obj), obj.to(torch.uint8).numpy(), attributes)
             try:
                 array = obj.numpy()
@@ -107,10 +109,6 @@ class _TargetPickler(pickle.Pickler):
                 return NotImplemented
             return _tensor, (type(obj), array, attributes)
         return NotImplemented
-
-
-#: the attribute of a tensor that travelled narrowed: the dtype it is made again (``_widen``)
-_WIDEN = "_gputransforms_widen_to"
 
 
 def _fits_uint8(t: torch.Tensor) -> bool:
@@ -123,18 +121,8 @@ def _fits_uint8(t: torch.Tensor) -> bool:
 
 
 def _widen(obj):
-    """Tensors that travelled narrowed as their own dtype again, with their type and attributes."""
-    def one(t: torch.Tensor) -> torch.Tensor:
-        dtype = t.__dict__.get(_WIDEN)
-        if dtype is None:
-            return t
-        wide = t.as_subclass(torch.Tensor).to(dtype)
-        if type(t) is not torch.Tensor:
-            wide = wide.as_subclass(type(t))
-        wide.__dict__.update({k: v for k, v in t.__dict__.items() if k != _WIDEN})
-        return wide
-
-    return map_tensors(obj, one)
+    """Tensors that travelled narrowed (or were made narrow: ``joint_masks``) as their own dtype again."""
+    return joint_masks.widened(obj)
 
 
 @functools.lru_cache(maxsize=1)
@@ -238,6 +226,7 @@ class DetectionSamples(FileSamples):
         self.ds, self.joint, self.kind = ds, joint, kind
         self.program: Optional[recorded.JointProgram] = None
         self.user_steps: list = []  # the joint transform's own classes of the user's, recorded after a probe
+        self.lazy_masks = False  # masks recorded and made in one gather (compiler.joint_masks), after a probe
 
     def record_with(self, program: recorded.JointProgram, origin: str) -> None:
         """Run the joint transform recorded, its pixel work in the graph as ``program``."""
@@ -253,6 +242,8 @@ class DetectionSamples(FileSamples):
                                                                 self.ds, self.raw_target, self.targets)
         user = bool(self.user_steps)
 
+        lazy = [self.lazy_masks]  # cleared in this process the first time a sample's masks cannot be
+
         def read(i: int):
             """(the encoded file, its row of parameters), (the output's type, the pickled target)."""
             if tud.get_worker_info() is not None:  # a worker process only records: the kernels stay swapped
@@ -265,7 +256,13 @@ class DetectionSamples(FileSamples):
             size = (img.height, img.width)
             state = torch.get_rng_state()
             try:
-                ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1], kind)
+                try:  # the masks recorded too and made in one gather, or moved by torchvision's kernels
+                    ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1],
+                                                            kind, lazy_masks=lazy[0])
+                except MaskUnrecordable:
+                    lazy[0] = False
+                    torch.set_rng_state(state)
+                    ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1], kind)
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
                 if not (isinstance(e, recorded.Unrecordable) or user):
                     raise  # torchvision's own error for this sample (it raises it too)
@@ -344,6 +341,9 @@ class DetectionSamples(FileSamples):
                 lines.append(f"  ({', '.join(self.user_steps)}: your own class(es), recorded as they ran on the first "
                              "samples, whose records did not depend on the pixel values; a sample they run "
                              "otherwise on runs as written on the CPU)")
+            if self.lazy_masks and "Mask" in types:
+                lines.append("  (masks: recorded with the image, then each made in one gather of its source: every "
+                             "crop, pad, flip and nearest resize at once, exactly torchvision's)")
         else:
             lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on "
                      f"the device, the target on the CPU), on {', '.join(types)}:"]
@@ -440,6 +440,7 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
                 size = (img.height, img.width)
                 ops = (recorded.pixel_blind(joint, size, target, kind) if user else
                        recorded.record(joint, size, target(), kind))[0]
+                samples.lazy_masks = recorded.masks_blind(joint, size, target, kind)
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
             return dataclasses.replace(program.as_recorded(ops) if user else program, tail=tail)
