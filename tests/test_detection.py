@@ -366,6 +366,26 @@ def test_masks_recorded_where_the_chain_moves_them_only_through_their_functional
             assert m.dtype == mt.dtype == torch.int64 and torch.equal(m, mt)
 
 
+def test_instance_masks_recorded_without_a_sanitize_step(coco):
+    """COCO's instance masks (one per object) through random flips, resizes and padded crops, no
+    SanitizeBoundingBoxes: recorded and gathered, boxes, labels and masks exactly torchvision's (images
+    without annotations, whose masks are empty, keep torchvision's kernels)."""
+    chain = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.RandomResize(40, 90),
+                        v2.RandomCrop(64, pad_if_needed=True, fill={tv_tensors.Mask: 255, "others": 0}),
+                        v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64, "others": None},
+                                   scale=True)])
+    ds = wrapped(coco, chain, keys=["boxes", "labels", "masks", "image_id"], annotated_only=False)
+    assert "masks: recorded with the image" in DataLoader(ds, batch_size=4, collate_fn=detection_collate,
+                                                          device="cpu").explain()
+    ours, theirs = side_by_side(ds, "cpu", seed=5, shuffle=True)
+    seen = 0
+    for (_, ot), (_, tt) in zip(ours, theirs):
+        for ta, tb in zip(ot, tt):
+            same_targets(ta, tb)
+            seen += 1
+    assert seen == len(ds)
+
+
 class _FlipIfBright(v2.Transform):
     """A user's class that reads the pixels (not recordable: it must run as written)."""
 

@@ -38,8 +38,10 @@ class MaskUnrecordable(Exception):
 
 
 def wanted(t) -> bool:
-    """A target entry recorded as a stand-in: a uint8 Mask on the CPU with at least two dimensions."""
-    return isinstance(t, tv_tensors.Mask) and t.dtype == torch.uint8 and t.device.type == "cpu" and t.ndim >= 2
+    """A target entry recorded as a stand-in: a non-empty uint8 Mask on the CPU with at least two dimensions
+    (an image without annotations has masks of none: that sample keeps torchvision's kernels)."""
+    return isinstance(t, tv_tensors.Mask) and t.dtype == torch.uint8 and t.device.type == "cpu" and t.ndim >= 2 \
+        and t.numel() > 0
 
 
 def _nearest(n_in: int, n_out: int) -> np.ndarray:
