@@ -451,7 +451,8 @@ def test_targets_travel_from_the_workers_as_they_were():
     back with its values, dtype, type and tv_tensor attributes."""
     import pickle
 
-    from gputransforms.datasets.detection import _pickled, _widen
+    from gputransforms.compiler.joint_masks import widened
+    from gputransforms.datasets.detection import _pickled
 
     gen = torch.Generator().manual_seed(0)
     target = {"masks": tv_tensors.Mask(torch.randint(0, 256, (300, 300), generator=gen)),
@@ -461,7 +462,7 @@ def test_targets_travel_from_the_workers_as_they_were():
               "labels": torch.arange(3), "image_id": 7}
     data = _pickled(target)
     assert len(data) < 300 * 300 * (1 + 8 + 2) + 4096  # the int64 mask as one byte a value
-    back = _widen(pickle.loads(data))
+    back = widened(pickle.loads(data))
     assert list(back) == list(target) and back["image_id"] == 7
     for key in ("masks", "wide", "bools", "boxes", "labels"):
         assert type(back[key]) is type(target[key]) and back[key].dtype == target[key].dtype, key

@@ -215,9 +215,12 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
     rec = _Record(value)
     image = rec.stand_in(tv_tensors.Image(torch.empty(1, 1)) if kind == "image" else torch.empty(0),
                          (3, int(size[0]), int(size[1])), torch.uint8, [])
-    leaves: list = []
-    map_tensors(target, leaves.append)
-    if lazy_masks and all(joint_masks.wanted(t) for t in leaves if isinstance(t, tv_tensors.Mask)):
+    lazy = False  # mask stand-ins made: every Mask of the target is one the gather takes, and there is one
+    if lazy_masks:
+        masks: list = []
+        map_tensors(target, lambda t: masks.append(t) if isinstance(t, tv_tensors.Mask) else None)
+        lazy = bool(masks) and all(joint_masks.wanted(t) for t in masks)
+    if lazy:
         target = map_tensors(target, lambda t: rec.stand_in(t, tuple(t.shape), t.dtype, [
             (joint_masks.SOURCE, {"source": t}, tuple(t.shape[-2:]))]) if joint_masks.wanted(t) else t)
     prev = getattr(_LOCAL, "record", None)
@@ -232,7 +235,6 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
     ops = rec.ops.get(out[0].data_ptr())
     if ops is None:
         raise Unrecordable("the image the joint transform returned is not the one it was given")
-    lazy = any(joint_masks.made(o) for o in rec.ops.values())
     made = map_tensors(out[1], functools.partial(_made, rec)) if lazy else out[1]
     return ops, made, "image" if isinstance(out[0], tv_tensors.Image) else "tensor"
 

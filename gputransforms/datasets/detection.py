@@ -38,7 +38,6 @@ from torchvision import tv_tensors
 from .. import files
 from ..compiler import joint as recorded
 from ..compiler import joint_masks
-from ..compiler.joint_masks import MaskUnrecordable
 from ..compiler.registry import joint_ok
 from ..device import to_device
 from ..errors import NotCompilable
@@ -92,7 +91,7 @@ class _TargetPickler(pickle.Pickler):
     authenticated connection to the worker per tensor (py-spy on the H100 host: 41% of a segmentation
     loader's main thread for one mask a sample). Integer tensors over ``NARROW`` bytes whose values fit
     in uint8 (a mask made int64 by ToDtype) travel as uint8 and are made their dtype again on the
-    device (``_widen``)."""
+    device (``joint_masks.widened``)."""
 
     NARROW = 1 << 16
 
@@ -118,11 +117,6 @@ def _fits_uint8(t: torch.Tensor) -> bool:
         return False
     low, high = torch.aminmax(t)
     return bool(low >= 0) and bool(high <= 255)
-
-
-def _widen(obj):
-    """Tensors that travelled narrowed (or were made narrow: ``joint_masks``) as their own dtype again."""
-    return joint_masks.widened(obj)
 
 
 @functools.lru_cache(maxsize=1)
@@ -259,7 +253,7 @@ class DetectionSamples(FileSamples):
                 try:  # the masks recorded too and made in one gather, or moved by torchvision's kernels
                     ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1],
                                                             kind, lazy_masks=lazy[0])
-                except MaskUnrecordable:
+                except joint_masks.MaskUnrecordable:
                     lazy[0] = False
                     torch.set_rng_state(state)
                     ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1], kind)
@@ -303,7 +297,7 @@ class DetectionSamples(FileSamples):
             # collate_fn: one copy per dtype, and a collate_fn that pads or stacks masks does it there
             dev = images[0].device if len(images) else torch.device("cpu")
             unpacked = [pickle.loads(target) for _, target in extras]
-            unpacked = _widen(to_device(unpacked, dev) if dev.type == "cuda" else unpacked)
+            unpacked = joint_masks.widened(to_device(unpacked, dev) if dev.type == "cuda" else unpacked)
             return [sample if kind == "ready" else (tv_tensors.Image(img) if kind == "image" else img, sample)
                     for img, (kind, _), sample in zip(images, extras, unpacked)]
         return [self.sample(img, i) for img, i in zip(images, indices)]
