@@ -11,12 +11,13 @@ ROOT is a folder of photos (``--make-data N`` writes N ImageNet-like ones first)
 480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with its ``collate_fn``:
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
-- ``gputransforms``: our DataLoader over the same dataset object, with the same arguments (where
-  the chain has RandomIoUCrop, RandomZoomOut or RandomPhotometricDistort and 8 workers or more, that
-  is torch's own DataLoader: those run faster in the workers than after the graph's decode);
+- ``gputransforms``: our DataLoader over the same dataset object, with the same arguments;
 - ``dali-handwritten`` (GPU only, ``ssd``): DALI's SSD example pipeline: ``readers.coco`` +
   ``random_bbox_crop`` + ``decoders.image_slice`` + ``bb_flip`` + ``resize`` to 300 +
-  ``crop_mirror_normalize`` (not the same augmentation as torchvision's preset: a reference point).
+  ``crop_mirror_normalize`` (not the same augmentation as torchvision's preset: a reference point);
+- ``dali-preset`` (GPU only, ``ssd``): the ``ssd`` preset's own augmentation written by hand in DALI
+  (``paste`` + ``bbox_paste`` zoom-out, ``random_bbox_crop``, ``bb_flip``, ``hsv`` and
+  ``brightness_contrast``; each image at its own size, as the preset leaves it): the same work as ours.
 
 Prints img/s, time to the first batch and device memory; writes ``detection.json``.
 """
@@ -125,6 +126,62 @@ def dali_ssd(coco: tuple, batch_size: int, threads: int):
     return _Pairs(DALIGenericIterator([p], ["images", "boxes", "labels"], reader_name="reader", auto_reset=True))
 
 
+def dali_preset(coco: tuple, batch_size: int, threads: int):
+    """The ``ssd`` preset's augmentation written by hand in DALI (GPU only: ``paste``), as DALI's detection
+    example composes it: photometric distortion (brightness, contrast, saturation, hue, each with p=0.5; no
+    channel permutation, which DALI has no operator for), zoom-out (``paste`` + ``bbox_paste``: p=0.5, side
+    ratio 1-4, the preset's mean fill), ``random_bbox_crop`` with RandomIoUCrop's options, ``bb_flip`` and the
+    mirror, float scaled to [0, 1], CHW, each image at its own size (the preset has no resize). Batches are
+    per-image tensors, as the detection reference's collate_fn gives them."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    def maybe(lo: float, hi: float, neutral: float):
+        on = fn.cast(fn.random.coin_flip(probability=0.5), dtype=types.FLOAT)
+        return neutral + on * (fn.random.uniform(range=[lo, hi]) - neutral)
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0, seed=1)
+    def pipe():
+        jpegs, boxes, labels = fn.readers.coco(file_root=coco[0], annotations_file=coco[1], skip_empty=True,
+                                               ratio=True, ltrb=True, random_shuffle=True, name="reader")
+        images = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)
+        images = fn.brightness_contrast(images, brightness=maybe(0.875, 1.125, 1.0),
+                                        contrast=maybe(0.5, 1.5, 1.0))
+        images = fn.hsv(images, saturation=maybe(0.5, 1.5, 1.0), hue=maybe(-0.05, 0.05, 0.0) * 360.0)
+        zoom = fn.cast(fn.random.coin_flip(probability=0.5), dtype=types.FLOAT)
+        ratio = 1.0 + zoom * (fn.random.uniform(range=[1.0, 4.0]) - 1.0)
+        px, py = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
+        images = fn.paste(images, ratio=ratio, paste_x=px, paste_y=py, fill_value=(123, 117, 104))
+        boxes = fn.bbox_paste(boxes, ratio=ratio, paste_x=px, paste_y=py, ltrb=True)
+        begin, size, boxes, labels = fn.random_bbox_crop(boxes, labels, aspect_ratio=[0.5, 2.0],
+                                                         thresholds=[0, 0.1, 0.3, 0.5, 0.7, 0.9],
+                                                         scaling=[0.3, 1.0], bbox_layout="xyXY", allow_no_crop=True,
+                                                         num_attempts=40)
+        images = fn.slice(images, begin, size, out_of_bounds_policy="trim_to_shape")
+        flip = fn.random.coin_flip(probability=0.5)
+        boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
+        images = fn.crop_mirror_normalize(images, mirror=flip, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[0.0] * 3, std=[255.0] * 3)
+        return images, boxes.gpu(), labels.gpu()
+
+    p = pipe()
+    p.build()
+    return _Ragged(p, p.epoch_size("reader") // batch_size)
+
+
+class _Ragged:
+    """A DALI pipeline's ragged outputs as (per-image tensors, per-image boxes) batches, one epoch per
+    iteration (DALI's iterators take dense batches only)."""
+
+    def __init__(self, pipe, steps: int):
+        self.pipe, self.steps = pipe, steps
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            images, boxes, _ = self.pipe.run()
+            yield ([torch.from_dlpack(images[i]) for i in range(len(images))],
+                   [torch.from_dlpack(boxes[i]) for i in range(len(boxes))])
+
+
 class _Pairs:
     """DALI's iterator as (images, boxes) batches, as the other loaders give them (re-iterable)."""
 
@@ -140,7 +197,7 @@ def main(argv=None):
     ap.add_argument("root")
     ap.add_argument("--make-data", type=int, default=0, metavar="N")
     ap.add_argument("--presets", default="ssd,ssdlite,hflip")
-    ap.add_argument("--pipelines", default="torchvision,gputransforms,dali-handwritten")
+    ap.add_argument("--pipelines", default="torchvision,gputransforms,dali-preset,dali-handwritten")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
@@ -155,7 +212,7 @@ def main(argv=None):
     rows = []
     for preset in a.presets.split(","):
         for name in a.pipelines.split(","):
-            if name == "dali-handwritten" and (preset != "ssd" or not on_gpu()):  # (its SSD example only)
+            if name.startswith("dali-") and (preset != "ssd" or not on_gpu()):  # (SSD only, GPU only)
                 continue
             row = dict(preset=preset, pipeline=name)
             if preset == "seg":
@@ -179,6 +236,8 @@ def main(argv=None):
                     # chain compiles, DALI's threads (a.threads below 8 workers) are set apart
                     make = lambda: DataLoader(data(), batch_size=a.batch_size, shuffle=True,  # noqa: E731
                                               num_workers=a.workers, collate_fn=fn, **extra)
+                elif name == "dali-preset":
+                    make = lambda: dali_preset(coco, a.batch_size, a.threads)  # noqa: E731
                 else:
                     make = lambda: dali_ssd(coco, a.batch_size, a.threads)  # noqa: E731
                 row.update(timed(make, a.images))

@@ -155,6 +155,20 @@ def run_gputransforms(root, chain, batch_size, threads, graph_normalizes=False, 
     return make
 
 
+def _item_collate(examples):  # the Hugging Face example's collate_fn, on (image, label) pairs
+    return torch.stack([image for image, _ in examples]), torch.tensor([label for _, label in examples])
+
+
+def run_gputransforms_itemcollate(root, chain, batch_size, threads):
+    """Ours over ImageFolder with a per-item collate_fn like the Hugging Face example's (a stack of the
+    images and a tensor of the labels): the collate's share of the ``gputransforms-hf`` row."""
+    from gputransforms import DataLoader, datasets
+    from gputransforms import transforms as T
+
+    return lambda: DataLoader(datasets.ImageFolder(root, transform=CHAINS[chain](T)), batch_size=batch_size,
+                              shuffle=chain != "eval", num_workers=threads, collate_fn=_item_collate)
+
+
 def run_gputransforms_prepared(root, chain, batch_size, threads, max_side=256, quality=90):
     """Ours with ``prepared=PreparedCopy`` (longest side ``max_side``). The copies are written by one
     untimed epoch here, before the timed loader is built: what is timed is a later epoch's speed."""
@@ -343,7 +357,9 @@ PIPELINES = {"torchvision": run_torchvision, "dali-handwritten": run_dali_handwr
              "gputransforms-userdataset": run_gputransforms_userdataset,
              # the same photos streamed: webdataset shards (written beside ROOT) and a Hugging Face table
              "torchvision-wds": run_torchvision_wds, "gputransforms-wds": run_gputransforms_wds,
-             "torchvision-hf": run_torchvision_hf, "gputransforms-hf": run_gputransforms_hf}
+             "torchvision-hf": run_torchvision_hf, "gputransforms-hf": run_gputransforms_hf,
+             # ImageFolder with the Hugging Face example's kind of collate_fn: what that collate costs
+             "gputransforms-itemcollate": run_gputransforms_itemcollate}
 
 
 def pipeline(name: str):

@@ -1,0 +1,164 @@
+"""The large parts of what a worker process hands back, through shared memory instead of torch's pipe.
+
+A recorded joint transform's worker returns per sample the encoded file and the pickled target. With
+segmentation masks that is about 330 KB a sample, and torch's result queue moves it through one pipe
+whose reads (64 KB at a time, the worker's feeder thread refilling it) and unpickling are done by the
+loader's main thread: py-spy on the H100 host, 47% of the segmentation loader's main thread
+(``benchmarks/results/h100-seg-pyspy-arena-before.txt``). torch's own shared-memory hand-over of a tensor
+costs more per tensor (a connection to the worker each: ``datasets/detection.py``).
+
+Here each worker has a ring of shared memory, made by the parent before the workers fork (an unlinked
+file in /dev/shm, mapped: each forked worker inherits the mapping, and nothing outlives the processes).
+A worker writes each large piece into its ring and sends only where it is; the main thread copies it
+out as soon as it takes the item from torch's queue, and marks the ring read up to there. A piece that
+does not fit in the ring's free space, a worker started otherwise than by fork, or a host whose /dev/shm
+has no room, sends the piece through the pipe as before.
+
+Space is counted in two ever-growing offsets: ``written`` (the worker's own) and ``read`` (the first
+word of the ring, written by the main thread). Items a new epoch drops unread (torch's persistent
+workers drain their queue when an epoch starts over) are never marked read: each chunk of indices
+carries its epoch's number (``ProcessDecoders``), and a worker that sees a new one counts everything
+it wrote before as free, since torch delivers nothing of the old epoch once the new one has begun.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from typing import Optional
+
+import numpy as np
+
+#: pieces from this size on travel through the ring
+LARGE = 1 << 15
+#: a ring's size at most (the items a worker has ahead are a few chunks of samples: ``ProcessDecoders``)
+RING = 16 << 20
+_HEADER = 64  # the first word: the offset read up to (written by the main thread only)
+_TAG = "\0gputransforms-ring"
+
+
+class Rings:
+    """One ring per worker (``worker_id``), made in the parent before the workers start."""
+
+    def __init__(self, workers: int, size: Optional[int] = None):
+        self.maps: list = []
+        self.taken = 0  # pieces copied out (the main thread's count)
+        size = min(RING if size is None else size, _room(workers))
+        self.cap = size - _HEADER
+        # the worker's side (each worker process has its own copy of these after the fork)
+        self.written = 0
+        self.freed = 0  # everything written before the current epoch began is free
+        self.epoch: Optional[int] = None
+        if size < 4 * LARGE:
+            return
+        for _ in range(workers):
+            m = _mapped(size)
+            if m is None:
+                break
+            self.maps.append(m)
+        if len(self.maps) < workers:  # all or none: a partial set would fill the shared memory for nothing
+            self.close()
+
+    def __bool__(self) -> bool:
+        return bool(self.maps)
+
+    def __getstate__(self):  # a worker started by spawn or forkserver gets no rings (the pipe, as before)
+        return {"maps": []}
+
+    def close(self) -> None:
+        maps, self.maps = self.maps, []
+        for m in maps:
+            try:
+                m.close()
+            except BufferError:  # a view of it still alive somewhere: the mapping goes with the process
+                pass
+
+    def restart(self) -> None:
+        """New worker processes are about to start (the first epoch, or after the last ones were stopped):
+        each ring is empty again, and its read offset goes back to where their written one starts."""
+        for m in self.maps:
+            np.frombuffer(m, np.int64, count=1)[0] = 0
+
+    # --- in a worker ------------------------------------------------------------------------------
+
+    def stash(self, worker: int, epoch: int, items):
+        """``items`` with each large bytes or 1-D uint8 array in them (in tuples and lists) written to
+        worker ``worker``'s ring and replaced by where it is."""
+        if not self.maps or worker >= len(self.maps):
+            return items
+        if epoch != self.epoch:  # torch delivers nothing of an earlier epoch any more
+            self.epoch, self.freed = epoch, self.written
+        return self._walk(self.maps[worker], worker, items, 0)
+
+    def _walk(self, m, worker: int, x, depth: int):
+        if isinstance(x, (tuple, list)) and depth < 4:
+            return type(x)(self._walk(m, worker, y, depth + 1) for y in x)
+        if isinstance(x, bytes) and len(x) >= LARGE:
+            return self._put(m, worker, x, "b") or x
+        if isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 1 and x.size >= LARGE \
+                and x.flags.c_contiguous:
+            return self._put(m, worker, x, "a") or x
+        return x
+
+    def _put(self, m, worker: int, data, kind: str):
+        n = len(data)
+        at = self.written % self.cap
+        skip = self.cap - at if at + n > self.cap else 0  # a piece never wraps: the ring's end is left unused
+        read = max(int(np.frombuffer(m, np.int64, count=1)[0]), self.freed)
+        if self.written + skip + n - read > self.cap:
+            return None  # no room now: this piece goes through the pipe
+        self.written += skip
+        at = self.written % self.cap
+        m[_HEADER + at:_HEADER + at + n] = data
+        self.written += n
+        return (_TAG, worker, at, n, self.written, kind)
+
+    # --- in the main thread -----------------------------------------------------------------------
+
+    def unstash(self, items):
+        """``items`` with each piece a worker put in its ring copied out of it; each ring is marked read
+        up to the last piece (the pieces of one worker come in the order it wrote them)."""
+        if not self.maps:
+            return items
+        return self._take(items, 0)
+
+    def _take(self, x, depth: int):
+        if isinstance(x, tuple) and len(x) == 6 and type(x[0]) is str and x[0] == _TAG:
+            _, worker, at, n, end, kind = x
+            m = self.maps[worker]
+            view = np.frombuffer(m, np.uint8, count=n, offset=_HEADER + at)
+            out = view.copy() if kind == "a" else view.tobytes()
+            del view
+            np.frombuffer(m, np.int64, count=1)[0] = end
+            self.taken += 1
+            return out
+        if isinstance(x, (tuple, list)) and depth < 4:
+            return type(x)(self._take(y, depth + 1) for y in x)
+        return x
+
+
+def _room(workers: int) -> int:
+    """Bytes a ring may take: a quarter of /dev/shm's free space shared by the workers (a container's
+    /dev/shm is often 64 MB, and torch's own tensors need it too)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return (st.f_bavail * st.f_frsize) // 4 // max(workers, 1)
+
+
+def _mapped(size: int) -> Optional[mmap.mmap]:
+    """``size`` bytes of shared memory, reserved up front (a later shortage would be SIGBUS), unlinked
+    at once: the mapping lives while this process or a forked child holds it."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="gputransforms-ring-", dir="/dev/shm")
+    except OSError:
+        return None
+    try:
+        os.unlink(path)
+        os.posix_fallocate(fd, 0, size)
+        return mmap.mmap(fd, size)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,114 @@
+"""Worker pieces through shared memory (backends/arena.py): the same bytes as through torch's pipe, the
+ring's space reused in order, a piece without room sent through the pipe, an epoch that starts over
+freeing what the last one left unread; and a segmentation loader whose workers use it gives exactly
+what the same loader gives through the pipe."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from presets import SegmentationPresetTrain, segmentation_collate
+
+from gputransforms import DataLoader, sampledata
+from gputransforms.backends import arena
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+
+
+def _piece(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def _in_ring(x) -> bool:
+    return isinstance(x, tuple) and len(x) == 6 and x[0] == arena._TAG
+
+
+def test_pieces_come_back_as_they_went():
+    rings = arena.Rings(2, size=1 << 20)
+    assert rings, "no shared memory for the rings"
+    big, small = _piece(arena.LARGE, 0), _piece(100, 1)
+    items = [(0, (big, small), None, ("image", big.tobytes())), (1, None, ("x", "y", "z"))]
+    sent = rings.stash(1, 1, items)
+    assert _in_ring(sent[0][1][0]) and _in_ring(sent[0][3][1]) and sent[0][1][1] is small  # small: as is
+    back = rings.unstash(sent)
+    assert isinstance(back[0][1][0], np.ndarray) and np.array_equal(back[0][1][0], big)
+    assert type(back[0][3][1]) is bytes and back[0][3][1] == big.tobytes()
+    assert back[1] == items[1] and rings.taken == 2
+    rings.close()
+
+
+def test_the_ring_wraps_and_a_piece_without_room_takes_the_pipe():
+    rings = arena.Rings(1, size=8 * arena.LARGE)
+    pieces = [_piece(arena.LARGE + 1000, k) for k in range(12)]
+    outs = [rings.stash(0, 1, [p])[0] for p in pieces[:10]]
+    # seven fit before any is read; then no room: through the pipe, as they were
+    assert [_in_ring(o) for o in outs] == [True] * 7 + [False] * 3
+    assert all(o is p for o, p in zip(outs[7:], pieces[7:]))
+    for o, p in zip(outs[:3], pieces[:3]):  # three read: their space is free again
+        assert np.array_equal(rings.unstash([o])[0], p)
+    wrapped = rings.stash(0, 1, [pieces[10]])[0]
+    assert _in_ring(wrapped) and wrapped[2] == 0  # at the ring's start (its end left unused)
+    for o, p in zip(outs[3:7] + [wrapped], pieces[3:7] + [pieces[10]]):
+        assert np.array_equal(rings.unstash([o])[0], p)
+    # a new epoch: what the last one left unread (torch drops it when an epoch starts over) is free again
+    full = arena.Rings(1, size=8 * arena.LARGE)
+    assert [_in_ring(full.stash(0, 1, [p])[0]) for p in pieces[:8]][-1] is False
+    assert not _in_ring(full.stash(0, 1, [pieces[8]])[0])
+    again = full.stash(0, 2, [pieces[9]])[0]
+    assert _in_ring(again) and np.array_equal(full.unstash([again])[0], pieces[9])
+    rings.close()
+    full.close()
+
+
+def test_a_ring_read_while_written_gives_every_piece_in_order():
+    rings = arena.Rings(1, size=6 * arena.LARGE)
+    rng = np.random.default_rng(3)
+    pending, expected, through_pipe = [], [], 0
+    for k in range(300):
+        p = _piece(int(rng.integers(arena.LARGE, 2 * arena.LARGE)), k)
+        out = rings.stash(0, 1, [p])[0]
+        through_pipe += not _in_ring(out)
+        pending.append(out)
+        expected.append(p)
+        if rng.random() < 0.5:  # the main thread takes what has come, in order
+            for o, e in zip(pending, expected):
+                assert np.array_equal(rings.unstash([o])[0], e)
+            pending, expected = [], []
+    assert rings.taken > 150 and through_pipe > 0
+    rings.close()
+
+
+@pytest.fixture(scope="module")
+def voc(photo_folder, tmp_path_factory):
+    return sampledata.write_voc(photo_folder, tmp_path_factory.mktemp("voc"), seed=4)
+
+
+def test_a_loaders_workers_hand_over_through_the_rings_as_through_the_pipe(voc, monkeypatch):
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCSegmentation(
+        str(voc), year="2012", image_set="train", transforms=SegmentationPresetTrain(base_size=160, crop_size=144)))
+
+    def epochs(**patch):
+        for k, v in patch.items():
+            monkeypatch.setattr(arena, k, v)
+        loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device="cpu", num_workers=2,
+                            shuffle=True)
+        torch.manual_seed(11)
+        out = [[(x.clone(), m.clone()) for x, m in loader] for _ in range(2)]
+        it = iter(loader)  # an epoch left after one batch: its unread pieces must not block the next
+        next(it)
+        del it
+        out.append([(x.clone(), m.clone()) for x, m in loader])
+        rings = loader._backend.idle[0].decoders.rings
+        return out, rings.taken if rings else 0
+
+    # every piece from 1 KB on through small rings (wrapping, some pieces through the pipe), against none
+    ring_out, taken = epochs(LARGE=1024, RING=256 * 1024)
+    pipe_out, none = epochs(LARGE=1024, RING=0)
+    assert taken > 100 and none == 0
+    for ours, theirs in zip(ring_out, pipe_out):
+        assert len(ours) == len(theirs) == 6
+        for (x, m), (xp, mp) in zip(ours, theirs):
+            assert torch.equal(m, mp) and torch.equal(x, xp)
