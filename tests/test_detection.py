@@ -459,13 +459,16 @@ def test_targets_travel_from_the_workers_as_they_were():
               "wide": torch.randint(0, 1000, (300, 300), generator=gen),
               "bools": tv_tensors.Mask(torch.rand(2, 300, 300, generator=gen) > 0.5),
               "boxes": tv_tensors.BoundingBoxes(torch.rand(3, 4, generator=gen), format="XYWH", canvas_size=(30, 40)),
-              "labels": torch.arange(3), "image_id": 7}
+              "labels": torch.arange(3), "image_id": 7,
+              # a strided mask (what a gather or a flip leaves): it arrives C-ordered, for one flat copy
+              "strided": tv_tensors.Mask(torch.randint(0, 256, (1, 300, 400), dtype=torch.uint8,
+                                                       generator=gen).transpose(1, 2))}
     data = _pickled(target)
-    assert len(data) < 300 * 300 * (1 + 8 + 2) + 4096  # the int64 mask as one byte a value
+    assert len(data) < 300 * 300 * (1 + 8 + 2) + 400 * 300 + 4096  # the int64 mask as one byte a value
     back = widened(pickle.loads(data))
     assert list(back) == list(target) and back["image_id"] == 7
-    for key in ("masks", "wide", "bools", "boxes", "labels"):
+    for key in ("masks", "wide", "bools", "boxes", "labels", "strided"):
         assert type(back[key]) is type(target[key]) and back[key].dtype == target[key].dtype, key
-        assert torch.equal(back[key], target[key]), key
+        assert torch.equal(back[key], target[key]) and back[key].is_contiguous(), key
         assert not back[key].__dict__.keys() - target[key].__dict__.keys(), key
     assert back["boxes"].format == target["boxes"].format and back["boxes"].canvas_size == (30, 40)

@@ -22,6 +22,7 @@ import torch.utils.data as tud
 
 from .. import files
 from ..datasets.adapters import FileSamples
+from . import arena
 
 
 class ReaderThreads:
@@ -158,15 +159,22 @@ class _Decoded(tud.Dataset):
     joint transform's target), and both travel pickled (small inputs: an encoded file, a row of
     parameters; one pickle is cheaper than a shared-memory segment per tensor)."""
 
-    def __init__(self, read: Callable, extras: bool = False):
-        self.read, self.extras = read, extras
+    def __init__(self, read: Callable, extras: bool = False, rings: Optional[arena.Rings] = None):
+        self.read, self.extras, self.rings = read, extras, rings
 
     def __len__(self) -> int:  # never asked: the sampler drives
         raise TypeError
 
-    def __getitem__(self, chunk):
-        """``chunk``: a list of indices (or (index, seed) pairs) of one batch; one result per sample."""
-        return [self._one(i) for i in chunk]
+    def __getitem__(self, item):
+        """``item``: (the epoch's number, a list of indices (or (index, seed) pairs) of one batch); one
+        result per sample, its large parts in this worker's ring of shared memory where it has one."""
+        epoch, chunk = item
+        out = [self._one(i) for i in chunk]
+        if self.rings:
+            info = tud.get_worker_info()
+            if info is not None:
+                out = self.rings.stash(info.id, epoch, out)
+        return out
 
     def _one(self, i):
         if isinstance(i, tuple):  # (index, seed): this sample's draws from its own seed (``_Flat.seed``)
@@ -193,6 +201,7 @@ class _Flat(tud.Sampler):
         # set: each index goes out with a seed of its own, from this one and its place in the epoch, so
         # that an epoch's draws do not depend on which worker takes which sample
         self.seed: Optional[int] = None
+        self.epoch = 0  # each chunk goes out with it (arena.Rings: what a worker wrote before is free)
 
     def chunks(self, batch_size: int) -> int:
         return -(-batch_size // self.chunk)
@@ -206,7 +215,7 @@ class _Flat(tud.Sampler):
                 b = [(i, (self.seed * 1_000_003 + n + k) % (2 ** 63)) for k, i in enumerate(b)]
                 n += len(b)
             for k in range(0, len(b), self.chunk):
-                yield b[k:k + self.chunk]
+                yield self.epoch, b[k:k + self.chunk]
 
 
 def _identity(x):
@@ -221,7 +230,7 @@ def _inherit_without_collecting(_worker_id: int) -> None:
     gc.freeze()
 
 
-def _stop_workers(dl: tud.DataLoader) -> None:
+def _stop_workers(dl: tud.DataLoader, rings: Optional[arena.Rings] = None) -> None:
     """End ``dl``'s persistent worker processes now. torch's own shutdown (its iterator's ``__del__``,
     at whatever garbage collection reaches an abandoned loader) lets each worker first decode the
     clips already queued to it, then joins them one by one, up to 5 s each: on an H100 host an
@@ -229,12 +238,16 @@ def _stop_workers(dl: tud.DataLoader) -> None:
     GPU test run of test_bad_videos_named_or_skipped). The workers hold nothing worth finishing."""
     it = getattr(dl, "_iterator", None)
     if it is None:
+        if rings is not None:
+            rings.close()
         return
     for w in getattr(it, "_workers", ()):
         if w.is_alive():
             w.terminate()
     it._shutdown_workers()  # joins the dead workers, closes the queues; its __del__ then does nothing
     dl._iterator = None
+    if rings is not None:
+        rings.close()
 
 
 class ProcessDecoders:
@@ -260,18 +273,23 @@ class ProcessDecoders:
         # samples draw from it in this thread, as torch's DataLoader with no workers does)
         gen = torch.Generator()
         gen.manual_seed(seed if seed is not None else 0)
-        self.dl = tud.DataLoader(_Decoded(read, extras), batch_size=None, sampler=self.flat, num_workers=workers,
-                                 collate_fn=_identity, timeout=timeout, generator=gen, **more)
+        # a recorded sample's encoded file and target through shared memory (arena.py), not torch's pipe
+        self.rings = arena.Rings(workers) if extras and workers > 0 else None
+        self.dl = tud.DataLoader(_Decoded(read, extras, self.rings), batch_size=None, sampler=self.flat,
+                                 num_workers=workers, collate_fn=_identity, timeout=timeout, generator=gen, **more)
         # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)
         self.paths = samples.paths
-        self.close = weakref.finalize(self, _stop_workers, self.dl)
+        self.close = weakref.finalize(self, _stop_workers, self.dl, self.rings)
 
     def epoch(self, batches, seed: Optional[int] = None):
         self.flat.batches = batches
         self.flat.pulled.clear()
         self.flat.seed = seed
+        self.flat.epoch += 1
         if self.dl._iterator is None:  # workers are forked now: garbage (a dropped pipeline) goes first
             gc.collect()
+            if self.rings:
+                self.rings.restart()
         it = iter(self.dl)  # a persistent iterator resets: outstanding work of a left epoch is dropped
         if getattr(it, "_worker_pids_set", False):
             # torch's SIGCHLD handler would raise a dead worker's error in whatever Python code the main
@@ -334,6 +352,8 @@ class ProcessEpochFeed(EpochFeed):
                 items = list(first)
                 for _ in range(self.decoders.flat.chunks(len(batch)) - 1):
                     items += next(self.it)
+                if self.decoders.rings:
+                    items = self.decoders.rings.unstash(items)
             except (RuntimeError, ConnectionError, EOFError) as e:  # a worker died, or timeout= passed
                 batch = batch or (pulled[0] if pulled else None)
                 if not isinstance(e, RuntimeError):  # it died while handing over a sample (torch's fd share)

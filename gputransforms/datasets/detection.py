@@ -91,7 +91,7 @@ class _TargetPickler(pickle.Pickler):
     authenticated connection to the worker per tensor (py-spy on the H100 host: 41% of a segmentation
     loader's main thread for one mask a sample). Integer tensors over ``NARROW`` bytes whose values fit
     in uint8 (a mask made int64 by ToDtype) travel as uint8 and are made their dtype again on the
-    device (``joint_masks.widened``)."""
+    device (``joint_masks.widened``). Every array travels C-ordered, so that it arrives so."""
 
     NARROW = 1 << 16
 
@@ -101,12 +101,16 @@ class _TargetPickler(pickle.Pickler):
             attributes = dict(obj.__dict__)
             if obj.numel() * obj.element_size() > self.NARROW and _fits_uint8(obj):
                 attributes[joint_masks.WIDEN] = obj.dtype
-                return _tensor, (type(obj), obj.to(torch.uint8).numpy(), attributes)
+                return _tensor, (type(obj), np.ascontiguousarray(obj.to(torch.uint8).numpy()), attributes)
             try:
                 array = obj.numpy()
             except (RuntimeError, TypeError):  # a dtype NumPy lacks (bfloat16), a conjugate view
                 return NotImplemented
-            return _tensor, (type(obj), array, attributes)
+            # C-ordered here, in the worker: a strided mask (a gather's view) would arrive as NumPy pickled
+            # it, in its own order, and the main thread's one copy into pinned memory would first copy it
+            # byte by byte to flatten it (py-spy --native on the H100 host: 36% of the segmentation
+            # loader's main thread)
+            return _tensor, (type(obj), np.ascontiguousarray(array), attributes)
         return NotImplemented
 
 
