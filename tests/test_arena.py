@@ -5,6 +5,7 @@ what the same loader gives through the pipe."""
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from presets import SegmentationPresetTrain, segmentation_collate
 
 from gputransforms import DataLoader, sampledata
 from gputransforms.backends import arena
+from gputransforms.datasets.adapters import Pickled
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 
@@ -37,6 +39,13 @@ def test_pieces_come_back_as_they_went():
     assert isinstance(back[0][1][0], np.ndarray) and np.array_equal(back[0][1][0], big)
     assert type(back[0][3][1]) is bytes and back[0][3][1] == big.tobytes()
     assert back[1] == items[1] and rings.taken == 2
+    # a pickled extra (a recorded target) comes back loaded, straight from the ring
+    target = {"masks": torch.arange(arena.LARGE, dtype=torch.int32).reshape(64, -1), "image_id": 3}
+    pickled = Pickled(pickle.dumps(target))
+    sent = rings.stash(0, 1, [(2, (small,), None, ("tensor", pickled))])
+    assert _in_ring(sent[0][3][1])
+    loaded = rings.unstash(sent)[0][3][1]
+    assert loaded["image_id"] == 3 and torch.equal(loaded["masks"], target["masks"])
     rings.close()
 
 

@@ -4,13 +4,14 @@ A recorded joint transform's worker returns per sample the encoded file and the 
 segmentation masks that is about 330 KB a sample, and torch's result queue moves it through one pipe
 whose reads (64 KB at a time, the worker's feeder thread refilling it) and unpickling are done by the
 loader's main thread: py-spy on the H100 host, 47% of the segmentation loader's main thread
-(``benchmarks/results/h100-seg-pyspy-arena-before.txt``). torch's own shared-memory hand-over of a tensor
+(``benchmarks/results/h100-seg-pyspy-arena.txt``). torch's own shared-memory hand-over of a tensor
 costs more per tensor (a connection to the worker each: ``datasets/detection.py``).
 
 Here each worker has a ring of shared memory, made by the parent before the workers fork (an unlinked
 file in /dev/shm, mapped: each forked worker inherits the mapping, and nothing outlives the processes).
 A worker writes each large piece into its ring and sends only where it is; the main thread copies it
-out as soon as it takes the item from torch's queue, and marks the ring read up to there. A piece that
+out as soon as it takes the item from torch's queue (a pickled target, ``adapters.Pickled``, it loads
+from the ring itself), and marks the ring read up to there. A piece that
 does not fit in the ring's free space, a worker started otherwise than by fork, or a host whose /dev/shm
 has no room, sends the piece through the pipe as before.
 
@@ -24,10 +25,13 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import tempfile
 from typing import Optional
 
 import numpy as np
+
+from ..datasets.adapters import Pickled
 
 #: pieces from this size on travel through the ring
 LARGE = 1 << 15
@@ -94,7 +98,7 @@ class Rings:
         if isinstance(x, (tuple, list)) and depth < 4:
             return type(x)(self._walk(m, worker, y, depth + 1) for y in x)
         if isinstance(x, bytes) and len(x) >= LARGE:
-            return self._put(m, worker, x, "b") or x
+            return self._put(m, worker, x, "p" if isinstance(x, Pickled) else "b") or x
         if isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 1 and x.size >= LARGE \
                 and x.flags.c_contiguous:
             return self._put(m, worker, x, "a") or x
@@ -127,7 +131,8 @@ class Rings:
             _, worker, at, n, end, kind = x
             m = self.maps[worker]
             view = np.frombuffer(m, np.uint8, count=n, offset=_HEADER + at)
-            out = view.copy() if kind == "a" else view.tobytes()
+            # an array or bytes copied out; a pickle loaded from the ring itself (its arrays are copies)
+            out = view.copy() if kind == "a" else pickle.loads(view) if kind == "p" else view.tobytes()
             del view
             np.frombuffer(m, np.int64, count=1)[0] = end
             self.taken += 1

@@ -41,7 +41,7 @@ from ..compiler import joint_masks
 from ..compiler.registry import joint_ok
 from ..device import to_device
 from ..errors import NotCompilable
-from .adapters import FileSamples
+from .adapters import FileSamples, Pickled
 
 _ADVICE = ("to compile it, start the joint transform with v2.ToImage() or v2.PILToTensor() (torchvision's "
            "detection reference: --backend tv_tensor or tensor)")
@@ -129,10 +129,10 @@ def _placeholder() -> np.ndarray:
     return files.bmp_of(np.zeros((1, 1, 3), dtype=np.uint8))
 
 
-def _pickled(target) -> bytes:
+def _pickled(target) -> Pickled:
     buf = io.BytesIO()
     _TargetPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(target)
-    return buf.getvalue()
+    return Pickled(buf.getbuffer())
 
 
 #: joint transforms whose per-sample cost in the main thread exceeds what torch's worker processes
@@ -300,7 +300,8 @@ class DetectionSamples(FileSamples):
             # the targets (and the samples that ran as written) on the images' device together, before the
             # collate_fn: one copy per dtype, and a collate_fn that pads or stacks masks does it there
             dev = images[0].device if len(images) else torch.device("cpu")
-            unpacked = [pickle.loads(target) for _, target in extras]
+            # (loaded as they arrived, unless a worker's piece came through torch's pipe: backends/arena.py)
+            unpacked = [pickle.loads(target) if isinstance(target, bytes) else target for _, target in extras]
             unpacked = joint_masks.widened(to_device(unpacked, dev) if dev.type == "cuda" else unpacked)
             return [sample if kind == "ready" else (tv_tensors.Image(img) if kind == "image" else img, sample)
                     for img, (kind, _), sample in zip(images, extras, unpacked)]
