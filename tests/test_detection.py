@@ -5,6 +5,7 @@ kernels, so with the same random draws boxes, labels and masks are exactly torch
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 import torch.utils.data as tud
 import torchvision
 from presets import DetectionPresetTrain, SegmentationPresetTrain, detection_collate, segmentation_collate
+from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
@@ -472,3 +474,102 @@ def test_targets_travel_from_the_workers_as_they_were():
         assert torch.equal(back[key], target[key]) and back[key].is_contiguous(), key
         assert not back[key].__dict__.keys() - target[key].__dict__.keys(), key
     assert back["boxes"].format == target["boxes"].format and back["boxes"].canvas_size == (30, 40)
+
+
+class UserDetection(tud.Dataset):
+    """A detection Dataset as users write one (torchvision's finetuning tutorial's shape): its own list of
+    files and boxes from the COCO json, PIL's open, a target of tv_tensors, ``self.transforms(img, target)``."""
+
+    def __init__(self, coco, transforms=None, from_pixels=False):
+        import json
+
+        data = json.loads(Path(coco[1]).read_text())
+        anns: dict = {}
+        for a in data["annotations"]:
+            if not a.get("iscrowd"):
+                anns.setdefault(a["image_id"], []).append(a)
+        self.items = [(str(Path(coco[0]) / im["file_name"]), [a["bbox"] for a in anns[im["id"]]],
+                       [a["category_id"] for a in anns[im["id"]]]) for im in data["images"] if im["id"] in anns]
+        self.transforms, self.from_pixels = transforms, from_pixels
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        path, boxes, labels = self.items[i]
+        img = Image.open(path).convert("RGB")
+        target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYWH", canvas_size=(img.height, img.width)),
+                  "labels": torch.tensor(labels)}
+        if self.from_pixels:  # a target made from the pixels: cannot be found on a black image
+            target["brightness"] = torch.tensor(np.asarray(img).mean())
+        if self.transforms is not None:
+            img, target = self.transforms(img, target)
+        return img, target
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("aug", ["hflip", "ssd"])
+def test_a_users_detection_dataset_is_compiled_as_torchvision_runs_it(coco, device, aug):
+    """A user's own Dataset whose __getitem__ opens an image and returns transforms(image, target): the files
+    and targets found once (black images of each file's size), the joint transform recorded; side by side
+    with torch's DataLoader, the same targets exactly and the images within the image path's parity; with
+    2 workers every sample once."""
+    ds = UserDetection(coco, DetectionPresetTrain(data_augmentation=aug, backend="tv_tensor"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert loader.backend == "dali", loader.reason
+    assert "images of UserDetection decoded in the graph" in loader.explain()
+    assert "recorded per sample" in loader.explain()
+    ours, theirs = side_by_side(ds, device)
+    n = 0
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape and (a.device.type == "cuda") == (device == "gpu")
+            assert (a.cpu() - b).abs().mean() * 255 < (0.5 if device == "cpu" else 1.5)
+            same_targets(ta, tb)
+            n += 1
+    assert n == len(ds) > 30
+    boxes = [len(t["boxes"]) for _, targets in DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device,
+                                                          num_workers=2, shuffle=True) for t in targets]
+    assert len(boxes) == len(ds) and sum(boxes) > 0
+
+
+def test_a_users_detection_dataset_that_reads_pixels_or_opens_two_files_runs_as_written(coco):
+    """What the discovery cannot stand a black image in for falls back with a reason that says why."""
+    chain = DetectionPresetTrain(data_augmentation="hflip", backend="tv_tensor")
+    with pytest.warns(FallbackWarning, match="makes its target from the image's pixels"):
+        loader = DataLoader(UserDetection(coco, chain, from_pixels=True), batch_size=4, collate_fn=detection_collate)
+    assert loader.backend == "torchvision"
+
+    class TwoFiles(UserDetection):
+        def __getitem__(self, i):
+            Image.open(self.items[(i + 1) % len(self)][0]).close()  # a second file (a mask, say)
+            return super().__getitem__(i)
+
+    with pytest.warns(FallbackWarning, match="opens 2 files"):
+        assert DataLoader(TwoFiles(coco, chain), batch_size=4, collate_fn=detection_collate).backend == "torchvision"
+
+
+def test_a_classification_dataset_whose_transform_is_named_transforms_still_compiles(photo_folder):
+    """``self.transforms(img)`` with one argument: not a detection Dataset; the classification discovery
+    takes it, as before."""
+
+    class Named(tud.Dataset):
+        def __init__(self, transforms):
+            self.files = sorted(Path(photo_folder).rglob("*.jpg"))
+            self.transforms = transforms
+
+        def __len__(self):
+            return len(self.files)
+
+        def __getitem__(self, i):
+            return self.transforms(Image.open(self.files[i]).convert("RGB")), i % 3
+
+    ds = Named(v2.Compose([v2.Resize((32, 32)), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]))  # PIL first
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        loader = DataLoader(ds, batch_size=8, device="cpu")
+    assert loader.backend == "dali", loader.reason
+    images, labels = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32) and labels.tolist() == [i % 3 for i in range(8)]

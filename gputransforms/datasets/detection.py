@@ -20,6 +20,7 @@ DataLoader, whose PIL kernels differ from the tensor ones.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import io
@@ -41,6 +42,7 @@ from ..compiler import joint_masks
 from ..compiler.registry import joint_ok
 from ..device import to_device
 from ..errors import NotCompilable
+from . import adapters, discover
 from .adapters import FileSamples, Pickled
 
 _ADVICE = ("to compile it, start the joint transform with v2.ToImage() or v2.PILToTensor() (torchvision's "
@@ -236,8 +238,8 @@ class DetectionSamples(FileSamples):
     def reader(self, *, gpu: bool, check_jpeg_scan: bool):
         if self.program is None:
             return super().reader(gpu=gpu, check_jpeg_scan=check_jpeg_scan)
-        paths, program, joint, kind, ds, raw_target, targets = (self.paths, self.program, self.joint, self.kind,
-                                                                self.ds, self.raw_target, self.targets)
+        paths, program, joint, kind, target_of, targets = (self.paths, self.program, self.joint, self.kind,
+                                                           self.target_of, self.targets)
         user = bool(self.user_steps)
 
         lazy = [self.lazy_masks]  # cleared in this process the first time a sample's masks cannot be
@@ -255,12 +257,12 @@ class DetectionSamples(FileSamples):
             state = torch.get_rng_state()
             try:
                 try:  # the masks recorded too and made in one gather, or moved by torchvision's kernels
-                    ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1],
+                    ops, target, out_kind = recorded.record(joint, size, target_of(k, img),
                                                             kind, lazy_masks=lazy[0])
                 except joint_masks.MaskUnrecordable:
                     lazy[0] = False
                     torch.set_rng_state(state)
-                    ops, target, out_kind = recorded.record(joint, size, ds._wrapper(k, (img, raw_target(k)))[1], kind)
+                    ops, target, out_kind = recorded.record(joint, size, target_of(k, img), kind)
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
                 if not (isinstance(e, recorded.Unrecordable) or user):
                     raise  # torchvision's own error for this sample (it raises it too)
@@ -270,7 +272,7 @@ class DetectionSamples(FileSamples):
                 torch.set_rng_state(state)
                 image = torch.from_numpy(np.asarray(files.pil_rgb(i, path, data))).permute(2, 0, 1)
                 out = joint(tv_tensors.Image(image) if kind == "image" else image,
-                            ds._wrapper(k, (img, raw_target(k)))[1])
+                            target_of(k, img))
                 return (_placeholder(), program.identity((1, 1))), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
@@ -285,9 +287,12 @@ class DetectionSamples(FileSamples):
     def target(self, i: int):
         """torchvision's wrapped target of sample ``i`` (the wrapper reads only the image's size)."""
         k = self.targets[i]
-        raw = self.raw_target(k)
         with Image.open(self.paths[i]) as img:  # the header: the canvas size the wrapper asks of the image
-            return self.ds._wrapper(k, (img, raw))[1]
+            return self.target_of(k, img)
+
+    def target_of(self, k, img: Image.Image):
+        """The target of the wrapped dataset's sample ``k`` whose image (its header) is ``img``."""
+        return self.ds._wrapper(k, (img, self.raw_target(k)))[1]
 
     def sample(self, image: torch.Tensor, i: int):
         """``dataset[i]`` from the decoded image: the joint transform run as written."""
@@ -381,15 +386,69 @@ def resolve_detection(ds) -> DetectionSamples:
     names = [type(t).__name__ for t in _steps(joint)] if joint is not None else []
     what = f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's targets; the " \
            f"joint transform ({', '.join(names) or 'none'})"
-    samples = DetectionSamples(ds, range(len(ds)), joint, kind,
-                               f"{what} per sample on the decoded image with torchvision's kernels "
-                               "(datasets/detection.py)")
+    return _compiled(DetectionSamples(ds, range(len(ds)), joint, kind,
+                                      f"{what} per sample on the decoded image with torchvision's kernels "
+                                      "(datasets/detection.py)"), what)
+
+
+def _compiled(samples: DetectionSamples, what: str) -> DetectionSamples:
+    """The samples with their joint transform recorded, where it can be (else per sample after the graph)."""
+    joint = samples.joint
     program = _program(samples)
     if program is not None:
         samples.user_steps = [type(t).__name__ for t in _user_steps(_steps(joint))]
         samples.record_with(program, f"{what} recorded per sample, its pixel work in the graph "
                                      "(datasets/detection.py, compiler/joint.py)")
     return samples
+
+
+class UserDetectionSamples(DetectionSamples):
+    """A user's own detection Dataset (``discover.discover_joint``): the file each index opens and the target
+    it makes, found once; the joint transform is the dataset's ``transforms``, recorded or run as for the
+    wrapped datasets."""
+
+    def __init__(self, ds, paths: list, made: list, joint, kind: str, origin: str):
+        from torchvision.transforms import v2
+
+        FileSamples.__init__(self, list(paths), list(range(len(paths))), v2.PILToTensor(), None, origin)
+        self.ds, self.joint, self.kind, self.made = ds, joint, kind, made
+        self.program = None
+        self.user_steps = []
+        self.lazy_masks = False
+
+    def target_of(self, k, img: Image.Image):
+        """Sample ``k``'s target as its ``__getitem__`` made it (a copy: a transform may change it in place)."""
+        return copy.deepcopy(self.made[k])
+
+
+def is_user_detection(dataset) -> bool:
+    """A user's own map-style Dataset with a torchvision v2 joint transform in ``transforms`` (a v2
+    ``Compose``, or a class holding one, as the references' presets do) and none in ``transform``:
+    ``__getitem__`` returns ``self.transforms(image, target)``."""
+    from torchvision.transforms import v2
+
+    joint = getattr(dataset, "transforms", None)
+    return isinstance(dataset, tud.Dataset) and not isinstance(dataset, tud.IterableDataset) and \
+        not type(dataset).__module__.startswith("torchvision.") and getattr(dataset, "transform", None) is None and \
+        callable(joint) and any(isinstance(t, v2.Transform) for t in _steps(joint))
+
+
+def resolve_user_detection(ds) -> FileSamples:
+    joint = ds.transforms
+    try:
+        paths, made = discover.discover_joint(ds)
+    except discover.NotJoint:  # a classification Dataset whose transform is named ``transforms``
+        return adapters.resolve(ds)
+    kind = _first_conversion(joint)
+    if kind is None:
+        raise NotCompilable(f"{type(ds).__name__}'s joint transform augments PIL images", _ADVICE)
+    names = [type(t).__name__ for t in _steps(joint)]
+    what = f"{len(paths)} images of {type(ds).__name__} decoded in the graph; the targets its __getitem__ makes " \
+           f"(found once on black images of each file's size: datasets/discover.py); the joint transform " \
+           f"({', '.join(names)})"
+    return _compiled(UserDetectionSamples(ds, paths, made, joint, kind,
+                                          f"{what} per sample on the decoded image with torchvision's kernels "
+                                          "(datasets/detection.py)"), what)
 
 
 _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
@@ -416,7 +475,7 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
     the graph)."""
     from torchvision.transforms.v2._utils import _get_fill
 
-    ds, joint, kind = samples.ds, samples.joint, samples.kind
+    joint, kind = samples.joint, samples.kind
     steps = _steps(joint) if joint is not None else []
     user = _user_steps(steps)
     if not steps or not all(joint_ok(t) or _user_class(t) for t in steps) or not len(samples):
@@ -434,7 +493,7 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
                 k = samples.targets[i]
 
                 def target():
-                    return ds._wrapper(k, (img, samples.raw_target(k)))[1]
+                    return samples.target_of(k, img)
 
                 size = (img.height, img.width)
                 ops = (recorded.pixel_blind(joint, size, target, kind) if user else

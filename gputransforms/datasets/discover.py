@@ -84,12 +84,20 @@ def _open(fp, *args, **kwargs):
     calls = getattr(_local, "calls", None)
     if calls is None:  # another thread, or no probe running: PIL's own open
         return _installed[1](fp, *args, **kwargs)
-    calls.append(_path_of(fp))
+    path = _path_of(fp)
+    calls.append(path)
+    if getattr(_local, "sized", False):  # black, of the file's own size (its header read, nothing decoded)
+        with _installed[1](path) as real:
+            return Image.new("RGB", real.size)
     return placeholder()
 
 
 class _intercept:
-    """PIL.Image.open records instead of opening, for the thread inside this block only."""
+    """PIL.Image.open records instead of opening, for the thread inside this block only. ``sized``: the
+    image handed back is black and of the file's own size (a target may be made from the image's size)."""
+
+    def __init__(self, sized: bool = False):
+        self.sized = sized
 
     def __enter__(self):
         with _lock:
@@ -98,10 +106,12 @@ class _intercept:
                 Image.open = _open
             _installed[0] += 1
         _local.calls = []
+        _local.sized = self.sized
         return _local.calls
 
     def __exit__(self, *exc):
         _local.calls = None
+        _local.sized = False
         with _lock:
             _installed[0] -= 1
             if _installed[0] == 0 and Image.open is _open:
@@ -205,3 +215,100 @@ def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
     if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder or out[1] is recorder:
         raise _Undiscoverable("does not return (self.transform(image), target)".replace("transform", attr))
     return calls[0]
+
+
+class NotJoint(Exception):
+    """``self.transforms`` is called on the image alone: a classification Dataset that names its transform so."""
+
+
+class JointRecorder:
+    """Stands in for a joint transform (``transforms(image, target)``) during a probe: records the pair
+    it is given and returns two markers."""
+
+    IMAGE, TARGET = object(), object()
+
+    def __init__(self):
+        self.seen: list = []
+
+    def __call__(self, *args):
+        if len(args) == 1:
+            raise NotJoint
+        self.seen.append(args)
+        return self.IMAGE, self.TARGET
+
+
+def discover_joint(ds) -> tuple:
+    """``(paths, targets)`` of a user's detection Dataset: ``__getitem__`` opens one image with
+    ``PIL.Image.open``, makes its target (a dict of tv_tensors, say), and returns ``self.transforms(image,
+    target)``. Each index runs once with the image black and of the file's own size (nothing decoded),
+    its target kept as it went into ``self.transforms``; the first index runs again on its real pixels,
+    and a target that differs there (made from the pixels) is a ``NotCompilable``, as is anything
+    else ``discover`` refuses; ``NotJoint`` where ``self.transforms`` is called on the image alone."""
+    name = type(ds).__name__
+    try:
+        n = len(ds)
+    except TypeError:
+        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile", _IMAGELIST) from None
+    probe = copy.copy(ds)
+    recorder = JointRecorder()
+    probe.transforms = recorder
+    getitem = type(ds).__getitem__
+    paths, targets = [], []
+    try:
+        with _intercept(sized=True) as calls:
+            for i in range(n):
+                del calls[:]
+                recorder.seen.clear()
+                try:
+                    out = getitem(probe, i)
+                except (_Undiscoverable, NotJoint):
+                    raise
+                except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
+                    raise _Undiscoverable(f"does something to the image or the target the placeholder cannot "
+                                          f"stand for (index {i}: {type(e).__name__}: {e})") from None
+                paths.append(_check_joint(i, calls, recorder, out, pixels=i < 64 or i % 997 == 0))
+                targets.append(recorder.seen[0][1])
+        if n:
+            recorder.seen.clear()
+            getitem(probe, 0)  # its real pixels: the target must be the same
+            if not _same(recorder.seen[0][1], targets[0]):
+                raise _Undiscoverable("makes its target from the image's pixels (index 0 differs on a black image "
+                                      "of the same size)")
+    except _Undiscoverable as e:
+        raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
+    return paths, targets
+
+
+def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool) -> str:
+    if len(calls) != 1:
+        raise _Undiscoverable("opens no image with PIL.Image.open" if not calls else
+                              f"opens {len(calls)} files for index {i}")
+    if len(recorder.seen) != 1 or len(recorder.seen[0]) != 2:
+        raise _Undiscoverable("does not call self.transforms(image, target) once")
+    img = recorder.seen[0][0]
+    if not (isinstance(img, Image.Image) and img.mode == "RGB" and (not pixels or img.getbbox() is None)):
+        raise _Undiscoverable("changes the image between opening it and self.transforms (a crop, a resize, a mode "
+                              "other than RGB, a conversion to a tensor)")
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder.IMAGE or \
+            out[1] is not recorder.TARGET:
+        raise _Undiscoverable("does not return self.transforms(image, target)")
+    return calls[0]
+
+
+def _same(a, b) -> bool:
+    """Targets equal in structure, type, values and tv_tensor metadata."""
+    import torch
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)) and \
+            {k: v for k, v in vars(a).items()} == {k: v for k, v in vars(b).items()}
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - something without a plain equality
+        return False

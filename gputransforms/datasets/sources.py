@@ -1,6 +1,6 @@
 """Which samples a dataset stands for: the first source, in ``SOURCES``' order, that claims the dataset
-answers (webdataset pipelines: ``shards``; Hugging Face tables: ``hf``; torchvision v2's wrapped CocoDetection:
-``detection``; everything else: ``adapters.resolve``, the table of torchvision's
+answers (webdataset pipelines: ``shards``; Hugging Face tables: ``hf``; torchvision v2's wrapped CocoDetection
+and a user's own Dataset with a joint ``transforms``: ``detection``; everything else: ``adapters.resolve``, the table of torchvision's
 datasets and the discovery of a user's own). A new kind of source is a new module and one line here."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ SOURCES: tuple[tuple[Callable[[Any], bool], Callable[[Any], Any]], ...] = (
     (shards.is_webdataset, shards.resolve_webdataset),
     (hf.is_hf_dataset, hf.resolve_hf),
     (detection.is_detection, detection.resolve_detection),
+    (detection.is_user_detection, detection.resolve_user_detection),
     (lambda ds: True, adapters.resolve),
 )
 
