@@ -263,7 +263,7 @@ def pixel_blind(joint, size: tuple, make_target, kind: str) -> tuple:
     first = record(joint, size, make_target(), kind, value=0)
     torch.set_rng_state(state)
     second = record(joint, size, make_target(), kind, value=255)
-    if first[2] != second[2] or not _same(first[0], second[0]) or not _same(first[1], second[1]):
+    if first[2] != second[2] or not same(first[0], second[0]) or not same(first[1], second[1]):
         raise Unrecordable("its parameters depend on the pixel values")
     return first
 
@@ -279,7 +279,7 @@ def masks_blind(joint, size: tuple, make_target, kind: str) -> bool:
         for value in (0, 255):
             torch.set_rng_state(state)
             lazy = record(joint, size, make_target(), kind, value=value, lazy_masks=True)
-            if real[2] != lazy[2] or not _same(real[0], lazy[0]) or not _same(real[1], joint_masks.widened(lazy[1])):
+            if real[2] != lazy[2] or not same(real[0], lazy[0]) or not same(real[1], joint_masks.widened(lazy[1])):
                 return False
     except (Unrecordable, joint_masks.MaskUnrecordable):
         return False
@@ -288,15 +288,18 @@ def masks_blind(joint, size: tuple, make_target, kind: str) -> bool:
     return True
 
 
-def _same(a, b) -> bool:
-    """Equal records or targets (tensors by value, with their type and tv_tensor attributes)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return type(a) is type(b) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) and \
-            _same(getattr(a, "__dict__", {}), getattr(b, "__dict__", {}))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+def same(a, b) -> bool:
+    """Equal records or targets: the same types, tensors by value with their tv_tensor attributes, mappings
+    with the same keys in the same order."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)) and \
+            same(getattr(a, "__dict__", {}), getattr(b, "__dict__", {}))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - values without a truth value for ==

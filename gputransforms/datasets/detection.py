@@ -218,11 +218,14 @@ class DetectionSamples(FileSamples):
     graph runs ``program`` (``compiler.joint``)."""
 
     def __init__(self, ds, index: list, joint, kind: str, origin: str):
-        from torchvision.transforms import v2
-
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
-        super().__init__([paths[k] for k in index], list(index), v2.PILToTensor(), None, origin)
+        self._start(ds, [paths[k] for k in index], list(index), joint, kind, origin)
+
+    def _start(self, ds, paths: list, targets: list, joint, kind: str, origin: str) -> None:
+        from torchvision.transforms import v2
+
+        FileSamples.__init__(self, paths, targets, v2.PILToTensor(), None, origin)
         self.ds, self.joint, self.kind = ds, joint, kind
         self.program: Optional[recorded.JointProgram] = None
         self.user_steps: list = []  # the joint transform's own classes of the user's, recorded after a probe
@@ -408,13 +411,8 @@ class UserDetectionSamples(DetectionSamples):
     wrapped datasets."""
 
     def __init__(self, ds, paths: list, made: list, joint, kind: str, origin: str):
-        from torchvision.transforms import v2
-
-        FileSamples.__init__(self, list(paths), list(range(len(paths))), v2.PILToTensor(), None, origin)
-        self.ds, self.joint, self.kind, self.made = ds, joint, kind, made
-        self.program = None
-        self.user_steps = []
-        self.lazy_masks = False
+        self._start(ds, list(paths), list(range(len(paths))), joint, kind, origin)
+        self.made = made
 
     def target_of(self, k, img: Image.Image):
         """Sample ``k``'s target as its ``__getitem__`` made it (a copy: a transform may change it in place)."""

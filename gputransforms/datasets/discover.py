@@ -24,6 +24,7 @@ import threading
 
 from PIL import Image
 
+from ..compiler.joint import same
 from ..errors import NotCompilable
 
 _local = threading.local()
@@ -152,10 +153,7 @@ def discover(ds):
     ``NotCompilable`` (from ``adapters``) when ``__getitem__`` does not follow the pattern above."""
 
     name = type(ds).__name__
-    try:
-        n = len(ds)
-    except TypeError:
-        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile", _IMAGELIST) from None
+    n = _length(ds, name)
     try:
         try:
             attr = transform_attribute(ds)
@@ -185,6 +183,13 @@ def discover(ds):
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
     return paths, targets, chain
+
+
+def _length(ds, name: str) -> int:
+    try:
+        return len(ds)
+    except TypeError:
+        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile", _IMAGELIST) from None
 
 
 def _opens_a_file(ds):
@@ -245,10 +250,7 @@ def discover_joint(ds) -> tuple:
     and a target that differs there (made from the pixels) is a ``NotCompilable``, as is anything
     else ``discover`` refuses; ``NotJoint`` where ``self.transforms`` is called on the image alone."""
     name = type(ds).__name__
-    try:
-        n = len(ds)
-    except TypeError:
-        raise NotCompilable(f"{name} has no __len__; only map-style datasets compile", _IMAGELIST) from None
+    n = _length(ds, name)
     probe = copy.copy(ds)
     recorder = JointRecorder()
     probe.transforms = recorder
@@ -271,7 +273,7 @@ def discover_joint(ds) -> tuple:
         if n:
             recorder.seen.clear()
             getitem(probe, 0)  # its real pixels: the target must be the same
-            if not _same(recorder.seen[0][1], targets[0]):
+            if not same(recorder.seen[0][1], targets[0]):
                 raise _Undiscoverable("makes its target from the image's pixels (index 0 differs on a black image "
                                       "of the same size)")
     except _Undiscoverable as e:
@@ -293,22 +295,3 @@ def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool
             out[1] is not recorder.TARGET:
         raise _Undiscoverable("does not return self.transforms(image, target)")
     return calls[0]
-
-
-def _same(a, b) -> bool:
-    """Targets equal in structure, type, values and tv_tensor metadata."""
-    import torch
-
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)) and \
-            {k: v for k, v in vars(a).items()} == {k: v for k, v in vars(b).items()}
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - something without a plain equality
-        return False
