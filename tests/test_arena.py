@@ -5,7 +5,6 @@ what the same loader gives through the pipe."""
 from __future__ import annotations
 
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -15,8 +14,10 @@ from presets import SegmentationPresetTrain, segmentation_collate
 
 from gputransforms import DataLoader, sampledata
 from gputransforms.backends import arena
-from gputransforms.datasets.adapters import Pickled
+from gputransforms.datasets import pickled
+from gputransforms.datasets.pickled import ArraysApart
 
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)]
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 
 
@@ -40,12 +41,12 @@ def test_pieces_come_back_as_they_went():
     assert type(back[0][3][1]) is bytes and back[0][3][1] == big.tobytes()
     assert back[1] == items[1] and rings.taken == 2
     # a pickled extra (a recorded target) comes back loaded, straight from the ring
-    target = {"masks": torch.arange(arena.LARGE, dtype=torch.int32).reshape(64, -1), "image_id": 3}
-    pickled = Pickled(pickle.dumps(target))
+    target = {"masks": np.arange(arena.LARGE, dtype=np.int32).reshape(64, -1), "image_id": 3}
+    pickled = ArraysApart.dumps(target)
     sent = rings.stash(0, 1, [(2, (small,), None, ("tensor", pickled))])
     assert _in_ring(sent[0][3][1])
     loaded = rings.unstash(sent)[0][3][1]
-    assert loaded["image_id"] == 3 and torch.equal(loaded["masks"], target["masks"])
+    assert loaded["image_id"] == 3 and np.array_equal(loaded["masks"], target["masks"])
     rings.close()
 
 
@@ -95,14 +96,17 @@ def voc(photo_folder, tmp_path_factory):
     return sampledata.write_voc(photo_folder, tmp_path_factory.mktemp("voc"), seed=4)
 
 
-def test_a_loaders_workers_hand_over_through_the_rings_as_through_the_pipe(voc, monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_loaders_workers_hand_over_through_the_rings_as_through_the_pipe(voc, monkeypatch, device):
+    """On the GPU, the masks that came through the rings were loaded into pinned memory and copied to the
+    device from there; those through the pipe took one pinned buffer: the batches are the same."""
     ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCSegmentation(
         str(voc), year="2012", image_set="train", transforms=SegmentationPresetTrain(base_size=160, crop_size=144)))
 
     def epochs(**patch):
         for k, v in patch.items():
             monkeypatch.setattr(arena, k, v)
-        loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device="cpu", num_workers=2,
+        loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device, num_workers=2,
                             shuffle=True)
         torch.manual_seed(11)
         out = [[(x.clone(), m.clone()) for x, m in loader] for _ in range(2)]
@@ -120,4 +124,47 @@ def test_a_loaders_workers_hand_over_through_the_rings_as_through_the_pipe(voc, 
     for ours, theirs in zip(ring_out, pipe_out):
         assert len(ours) == len(theirs) == 6
         for (x, m), (xp, mp) in zip(ours, theirs):
+            assert m.dtype == mp.dtype == torch.int64 and m.device.type == ("cuda" if device == "gpu" else "cpu")
             assert torch.equal(m, mp) and torch.equal(x, xp)
+
+
+def test_large_arrays_travel_beside_the_pickle():
+    """pickled: arrays from APART bytes on are left out of the pickle and put after it; each comes back
+    with its values, dtype and shape, in memory of its own (the buffer, a ring's, is reused at once)."""
+    rng = np.random.default_rng(0)
+    obj = {"mask": rng.integers(0, 255, (1, 300, 301), dtype=np.uint8), "wide": rng.random((70, 90)),
+           "small": np.arange(10), "strided": np.zeros((200, 200), np.int32)[:, ::2], "n": 3}
+    data = bytearray(ArraysApart.dumps(obj))
+    stream = int.from_bytes(bytes(data[:8]), "little")
+    assert stream < 2000 + obj["strided"].nbytes  # the two large contiguous arrays are not in the pickle
+    back = pickled.load(data)
+    data[:] = bytes(len(data))  # the buffer reused: nothing loaded may change
+    assert list(back) == list(obj) and back["n"] == 3
+    for key in ("mask", "wide", "small", "strided"):
+        assert back[key].dtype == obj[key].dtype and np.array_equal(back[key], obj[key]), key
+        assert back[key].flags.writeable, key
+
+
+@pytest.mark.gpu
+def test_pinned_masks_and_paged_ones_reach_the_device_together():
+    """device._together with masks loaded into pinned memory (pickled.load(pin=True)), pageable ones, and
+    masks held narrow (WIDEN) among them: each arrives with its values, dtype, type and attributes."""
+    from torchvision import tv_tensors
+
+    from gputransforms.datasets.detection import _pickled
+    from gputransforms.device import to_device
+
+    gen = torch.Generator().manual_seed(1)
+    targets = [{"masks": tv_tensors.Mask(torch.randint(0, 21, (1, 200 + k, 190), generator=gen)),  # int64: narrowed
+                "boxes": tv_tensors.BoundingBoxes(torch.rand(2, 4, generator=gen) * 50, format="XYXY",
+                                                  canvas_size=(200 + k, 190)),
+                "raw": torch.randint(0, 255, (200, 200), dtype=torch.uint8, generator=gen)} for k in range(5)]
+    loaded = [pickled.load(_pickled(t), pin=k % 2 == 0) for k, t in enumerate(targets)]
+    assert loaded[0]["raw"].is_pinned() and not loaded[1]["raw"].is_pinned()
+    moved = to_device(loaded, torch.device("cuda"))
+    torch.cuda.synchronize()
+    for t, m in zip(targets, moved):
+        for key in t:
+            assert type(m[key]) is type(t[key]) and m[key].dtype == t[key].dtype, key
+            assert m[key].is_cuda and torch.equal(m[key].cpu(), t[key]), key
+            assert m[key].__dict__ == t[key].__dict__, key

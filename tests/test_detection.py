@@ -451,9 +451,8 @@ def test_targets_travel_from_the_workers_as_they_were():
     """What a worker hands the main process for a target: tensors as NumPy bytes, integer tensors whose
     values fit in uint8 narrowed (an int64 mask: an eighth of the bytes) and made int64 again; each comes
     back with its values, dtype, type and tv_tensor attributes."""
-    import pickle
-
     from gputransforms.compiler.joint_masks import widened
+    from gputransforms.datasets import pickled
     from gputransforms.datasets.detection import _pickled
 
     gen = torch.Generator().manual_seed(0)
@@ -467,7 +466,7 @@ def test_targets_travel_from_the_workers_as_they_were():
                                                        generator=gen).transpose(1, 2))}
     data = _pickled(target)
     assert len(data) < 300 * 300 * (1 + 8 + 2) + 400 * 300 + 4096  # the int64 mask as one byte a value
-    back = widened(pickle.loads(data))
+    back = widened(pickled.load(data))
     assert list(back) == list(target) and back["image_id"] == 7
     for key in ("masks", "wide", "bools", "boxes", "labels", "strided"):
         assert type(back[key]) is type(target[key]) and back[key].dtype == target[key].dtype, key

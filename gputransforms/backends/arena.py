@@ -10,8 +10,9 @@ costs more per tensor (a connection to the worker each: ``datasets/detection.py`
 Here each worker has a ring of shared memory, made by the parent before the workers fork (an unlinked
 file in /dev/shm, mapped: each forked worker inherits the mapping, and nothing outlives the processes).
 A worker writes each large piece into its ring and sends only where it is; the main thread copies it
-out as soon as it takes the item from torch's queue (a pickled target, ``adapters.Pickled``, it loads
-from the ring itself), and marks the ring read up to there. A piece that
+out as soon as it takes the item from torch's queue (a pickled target, ``pickled.Pickled``, it loads
+from the ring itself, its masks into pinned memory when the batch goes to the GPU: ``pin``), and marks
+the ring read up to there. A piece that
 does not fit in the ring's free space, a worker started otherwise than by fork, or a host whose /dev/shm
 has no room, sends the piece through the pipe as before.
 
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import mmap
 import os
-import pickle
 import tempfile
 from typing import Optional
 
 import numpy as np
 
-from ..datasets.adapters import Pickled
+from ..datasets import pickled
+from ..datasets.pickled import Pickled
 
 #: pieces from this size on travel through the ring
 LARGE = 1 << 15
@@ -47,6 +48,7 @@ class Rings:
     def __init__(self, workers: int, size: Optional[int] = None):
         self.maps: list = []
         self.taken = 0  # pieces copied out (the main thread's count)
+        self.pin = False  # a pickled target's large arrays are loaded into pinned memory (the batch goes to the GPU)
         size = min(RING if size is None else size, _room(workers))
         self.cap = size - _HEADER
         # the worker's side (each worker process has its own copy of these after the fork)
@@ -132,7 +134,7 @@ class Rings:
             m = self.maps[worker]
             view = np.frombuffer(m, np.uint8, count=n, offset=_HEADER + at)
             # an array or bytes copied out; a pickle loaded from the ring itself (its arrays are copies)
-            out = view.copy() if kind == "a" else pickle.loads(view) if kind == "p" else view.tobytes()
+            out = view.copy() if kind == "a" else pickled.load(view, self.pin) if kind == "p" else view.tobytes()
             del view
             np.frombuffer(m, np.int64, count=1)[0] = end
             self.taken += 1

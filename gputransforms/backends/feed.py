@@ -275,6 +275,8 @@ class ProcessDecoders:
         gen.manual_seed(seed if seed is not None else 0)
         # a recorded sample's encoded file and target through shared memory (arena.py), not torch's pipe
         self.rings = arena.Rings(workers) if extras and workers > 0 else None
+        if self.rings is not None:
+            self.rings.pin = gpu
         self.dl = tud.DataLoader(_Decoded(read, extras, self.rings), batch_size=None, sampler=self.flat,
                                  num_workers=workers, collate_fn=_identity, timeout=timeout, generator=gen, **more)
         # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)

@@ -23,14 +23,14 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from ..device import map_tensors
+from ..device import WIDEN, map_tensors
 
 #: the functionals a mask stand-in records (anything else raises MaskUnrecordable)
 MASK_OPS = ("crop", "pad", "horizontal_flip", "vertical_flip", "resize", "center_crop", "to_dtype")
 SOURCE = "mask"  # the name of a mask stand-in's first record entry: {"source": the real mask}
-#: the attribute of a tensor held in uint8 that stands for a wider integer dtype (a mask made int64 by ToDtype):
-#: it travels so and is made that dtype on the device (``widened``)
-WIDEN = "_gputransforms_widen_to"
+#: (``WIDEN``, from device.py: a tensor held in uint8 that stands for a wider integer dtype, a mask made int64
+#: by ToDtype, travels so and is made that dtype on the device, by ``widened`` or with its batch by
+#: ``device._together``)
 
 
 class MaskUnrecordable(Exception):

@@ -28,11 +28,6 @@ from .inmemory import ARRAY_ADAPTERS
 from .video import VIDEO_ADAPTERS
 
 
-class Pickled(bytes):
-    """A sample's extra (``FileSamples.extras``) pickled in a worker process: the main thread loads it as it
-    receives it, where it can from the worker's shared memory without copying it out first (``backends.arena``)."""
-
-
 @dataclasses.dataclass
 class FileSamples:
     """Index ``i`` of the dataset is ``transform(PIL.Image.open(paths[i]).convert("RGB"))`` and

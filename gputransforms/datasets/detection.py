@@ -23,9 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import io
 import os
-import pickle
 from typing import Any, Optional
 
 import numpy as np
@@ -42,8 +40,9 @@ from ..compiler import joint_masks
 from ..compiler.registry import joint_ok
 from ..device import to_device
 from ..errors import NotCompilable
-from . import adapters, discover
-from .adapters import FileSamples, Pickled
+from . import adapters, discover, pickled
+from .adapters import FileSamples
+from .pickled import Pickled
 
 _ADVICE = ("to compile it, start the joint transform with v2.ToImage() or v2.PILToTensor() (torchvision's "
            "detection reference: --backend tv_tensor or tensor)")
@@ -76,8 +75,9 @@ KINDS = {torchvision.datasets.CocoDetection: _coco, torchvision.datasets.VOCDete
          torchvision.datasets.VOCSegmentation: _voc_segmentation}
 
 
-def _tensor(cls, array: np.ndarray, attributes: dict) -> torch.Tensor:
-    t = torch.from_numpy(array)
+def _tensor(cls, array, attributes: dict) -> torch.Tensor:
+    """A target's tensor from its array: a NumPy array, or a torch tensor in pinned memory (``pickled.load``)."""
+    t = array if isinstance(array, torch.Tensor) else torch.from_numpy(array)
     if cls is not torch.Tensor:
         t = t.as_subclass(cls)
     if attributes:
@@ -85,7 +85,7 @@ def _tensor(cls, array: np.ndarray, attributes: dict) -> torch.Tensor:
     return t
 
 
-class _TargetPickler(pickle.Pickler):
+class _TargetPickler(pickled.ArraysApart):
     """Pickles a target's CPU tensors (plain, or tv_tensors with their metadata) as NumPy arrays:
     torch's own tensor pickling (``torch.save`` per tensor) took 155 us to write and 163 us to read a
     detection target of three entries; this, 31 and 14 (the reading is in the loader's main thread).
@@ -93,7 +93,8 @@ class _TargetPickler(pickle.Pickler):
     authenticated connection to the worker per tensor (py-spy on the H100 host: 41% of a segmentation
     loader's main thread for one mask a sample). Integer tensors over ``NARROW`` bytes whose values fit
     in uint8 (a mask made int64 by ToDtype) travel as uint8 and are made their dtype again on the
-    device (``joint_masks.widened``). Every array travels C-ordered, so that it arrives so."""
+    device (``joint_masks.widened``). Every array travels C-ordered, so that it arrives so; the large ones
+    beside the pickle (``pickled``: in the main thread, one copy each into pinned memory)."""
 
     NARROW = 1 << 16
 
@@ -132,9 +133,7 @@ def _placeholder() -> np.ndarray:
 
 
 def _pickled(target) -> Pickled:
-    buf = io.BytesIO()
-    _TargetPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(target)
-    return Pickled(buf.getbuffer())
+    return _TargetPickler.dumps(target)
 
 
 #: joint transforms whose per-sample cost in the main thread exceeds what torch's worker processes
@@ -309,7 +308,7 @@ class DetectionSamples(FileSamples):
             # collate_fn: one copy per dtype, and a collate_fn that pads or stacks masks does it there
             dev = images[0].device if len(images) else torch.device("cpu")
             # (loaded as they arrived, unless a worker's piece came through torch's pipe: backends/arena.py)
-            unpacked = [pickle.loads(target) if isinstance(target, bytes) else target for _, target in extras]
+            unpacked = [pickled.load(target) if isinstance(target, bytes) else target for _, target in extras]
             unpacked = joint_masks.widened(to_device(unpacked, dev) if dev.type == "cuda" else unpacked)
             return [sample if kind == "ready" else (tv_tensors.Image(img) if kind == "image" else img, sample)
                     for img, (kind, _), sample in zip(images, extras, unpacked)]

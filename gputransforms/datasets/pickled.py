@@ -1,0 +1,97 @@
+"""A sample's extra pickled in a worker process with its large arrays beside the pickle, not in it.
+
+``Pickled`` is what a worker hands back for a recorded sample's target: ``[length of the pickle][the
+pickle][each large array's bytes]``. The pickle names each large array by where its bytes are
+(``persistent_id``), so the main thread that loads it (``load``) puts each array where it will be used
+with one copy: into pinned memory when the batch goes to the GPU (the copy to the device then reads it
+from there), into an array of its own otherwise. Loaded in-band, as plain pickle does it, each mask was
+copied out of the worker's ring into fresh memory by the unpickling and once more into pinned memory for
+the device (``device._together``): two of the copies that bound the segmentation loader's main thread
+(``benchmarks/results/h100-seg-pyspy-arena.txt``).
+
+The pinned blocks come from torch's caching host allocator (``torch.empty(..., pin_memory=True)``) and
+stay torch tensors: a copy to the device that reads one is recorded against its block, which is not
+reused before the copy has run. (A pinned block handed back through NumPy loses that record.)
+"""
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import torch
+
+#: arrays from this size on travel beside the pickle
+APART = 1 << 14
+_ALIGN = 64
+_LENGTH = 8  # the pickle's length, before it
+
+
+class Pickled(bytes):
+    """A sample's extra (``FileSamples.extras``) pickled in a worker process, its large arrays beside the
+    pickle: the main thread loads it as it receives it (``load``), from the worker's shared memory where
+    it came through it (``backends.arena``)."""
+
+
+class ArraysApart(pickle.Pickler):
+    """A pickler that leaves each C-contiguous NumPy array of ``APART`` bytes or more out of the pickle:
+    ``dumps`` puts their bytes after it."""
+
+    def __init__(self, file, protocol=pickle.HIGHEST_PROTOCOL):
+        super().__init__(file, protocol=protocol)
+        self.arrays: list = []
+        self.size = 0
+
+    def persistent_id(self, obj):
+        if type(obj) is np.ndarray and obj.nbytes >= APART and obj.flags.c_contiguous and not obj.dtype.hasobject:
+            at = self.size
+            self.arrays.append(obj)
+            self.size += -(-obj.nbytes // _ALIGN) * _ALIGN
+            return at, obj.nbytes, obj.dtype.str, obj.shape
+        return None
+
+    @classmethod
+    def dumps(cls, obj) -> Pickled:
+        buf = io.BytesIO()
+        p = cls(buf)
+        p.dump(obj)
+        stream = buf.getbuffer()
+        start = -(-(_LENGTH + len(stream)) // _ALIGN) * _ALIGN
+        out = bytearray(start + p.size)
+        out[:_LENGTH] = len(stream).to_bytes(_LENGTH, "little")
+        out[_LENGTH:_LENGTH + len(stream)] = stream
+        view = np.frombuffer(out, np.uint8)
+        at = start
+        for a in p.arrays:
+            view[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+            at += -(-a.nbytes // _ALIGN) * _ALIGN
+        return Pickled(out)
+
+
+class _Loader(pickle.Unpickler):
+    def __init__(self, buf, start: int, stream, pin: bool):
+        super().__init__(io.BytesIO(stream))
+        self.buf, self.start, self.pin = buf, start, pin
+
+    def persistent_load(self, pid):
+        at, n, dtype, shape = pid
+        src = np.frombuffer(self.buf, np.uint8, count=n, offset=self.start + at)
+        if self.pin:  # a torch tensor in pinned memory, the one copy: the device's copy reads it from there
+            out = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            out.numpy()[:] = src
+            return out.view(_torch_dtype(dtype)).view(shape)
+        return src.copy().view(np.dtype(dtype)).reshape(shape)
+
+
+def load(buf, pin: bool = False):
+    """What ``ArraysApart.dumps`` pickled, from ``buf`` (bytes, or a view of shared memory: nothing of it is
+    kept). ``pin``: its large arrays come back as torch tensors in pinned memory, else as NumPy arrays."""
+    head = np.frombuffer(buf, np.uint8, count=_LENGTH)
+    n = int.from_bytes(head.tobytes(), "little")
+    stream = np.frombuffer(buf, np.uint8, count=n, offset=_LENGTH).tobytes()
+    start = -(-(_LENGTH + n) // _ALIGN) * _ALIGN
+    return _Loader(buf, start, stream, pin).load()
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
