@@ -36,9 +36,8 @@ def _saturation(x, s):
     return _u8(x * s + grey * (1.0 - s))
 
 
-def _hue(x, apply, h):
-    """``adjust_hue_image``: to [0, 1], to HSV, shift, back, to uint8 with ``* 255.999`` truncated;
-    ``x`` where ``apply`` is 0."""
+def _hue(x, h):
+    """``adjust_hue_image``: to [0, 1], to HSV, shift, back, to uint8 with ``* 255.999`` truncated."""
     img = x * (1.0 / 255.0)
     r, g, b = img[:, :, 0], img[:, :, 1], img[:, :, 2]
     maxc = dmath.max(dmath.max(r, g), b)
@@ -70,8 +69,18 @@ def _hue(x, apply, h):
     out_r = v * (i0 | i5) + q * i1 + p * (i2 | i3) + t * i4
     out_g = t * i0 + v * (i1 | i2) + q * i3 + p * (i4 | i5)
     out_b = p * (i0 | i1) + t * i2 + v * (i3 | i4) + q * i5
-    rgb = dmath.floor(fn.stack(out_r, out_g, out_b, axis=2) * (255.0 + 1.0 - 1e-3))
-    return x + (rgb - x) * apply
+    return dmath.floor(fn.stack(out_r, out_g, out_b, axis=2) * (255.0 + 1.0 - 1e-3))
+
+
+def _only(applies, x, scalars: list, op):
+    """``op(x, *scalars)`` on the samples where ``applies`` (CPU booleans) holds, ``x`` as it is on the
+    others. Each colour step of RandomPhotometricDistort applies with p=0.5, and each is dozens of full
+    passes over a float image (the hue about sixty): a sample that skips it is left out of them
+    (DALI's conditional split and merge move samples, not pixels) instead of taking the step's identity."""
+    on, off = fn._conditional.split(x, predicate=applies)
+    args = [fn._conditional.split(s, predicate=applies)[0] for s in scalars]
+    # (the arithmetic drops the layout, which the branches must agree on)
+    return fn._conditional.merge(fn.reshape(op(on, *args), layout="HWC"), off, predicate=applies)
 
 
 @do_not_convert
@@ -83,11 +92,12 @@ def lower(g, step, **_) -> None:
     off = 0
     if program.colour:
         xf = fn.cast(x, dtype=types.FLOAT)
-        xf = _u8(xf * pa[0])
-        xf = _contrast(xf, pa[1])
-        xf = _saturation(xf, pa[2])
-        xf = _hue(xf, pa[3], pa[4])
-        xf = _contrast(xf, pa[5])
+        # a factor of 1 (a hue flag of 0) is a step the sample skips, or its identity: exact either way
+        xf = _only(p[0] != 1.0, xf, [pa[0]], lambda v, b: _u8(v * b))
+        xf = _only(p[1] != 1.0, xf, [pa[1]], _contrast)
+        xf = _only(p[2] != 1.0, xf, [pa[2]], _saturation)
+        xf = _only(p[3] != 0.0, xf, [pa[4]], _hue)
+        xf = _only(p[5] != 1.0, xf, [pa[5]], _contrast)
         xf = fn.coord_transform(xf, M=fn.reshape(p[6:15], shape=[3, 3]))
         x = fn.cast(xf, dtype=types.UINT8)
         off = COLOUR_WIDTH
