@@ -387,6 +387,13 @@ LOWER: dict[str, Callable] = {
 
 #: the lowerings that branch per sample on a DataNode (a Python ``if`` DALI's conditionals rewrite)
 CONDITIONAL = ("trivial_augment_wide", "rand_augment", "auto_augment", "timm_augment")
+#: steps whose graph runs its independent operators at once, each GPU operator on a stream of its own
+#: (DALI's OperatorConcurrency.FULL, StreamPolicy.PER_OPERATOR): a recorded joint transform is hundreds of
+#: small operators (torchvision's colour arithmetic, exactly: about sixty for the hue), which DALI otherwise
+#: runs one after another. On the H200 host (benchmarks/detection.py, two runs each): ssd 2,372-2,425 ->
+#: 2,641-2,807 img/s, seg 2,785-3,252 -> 3,244-3,569, hflip 4,368-4,548 -> 4,665-4,852; the classification
+#: train chain 13,806-13,933 -> 13,770-15,021 (no gain there: left as it was)
+CONCURRENT = ("joint",)
 
 #: DALI's auto_aug modules whose functions never branch on a DataNode: the augmentations and the
 #: magnitude arithmetic (only ``core._select`` and the policies' ``apply_*`` do)
@@ -454,6 +461,14 @@ def _encoded(plan: Plan, source: Optional[Callable], reader: Optional[Callable],
     return encoded
 
 
+def _concurrency(plan: Plan) -> dict:
+    if not any(s.op in CONCURRENT for s in plan.steps):
+        return {}
+    import nvidia.dali as dali
+
+    return dict(concurrency=dali.OperatorConcurrency.FULL, stream_policy=dali.StreamPolicy.PER_OPERATOR)
+
+
 def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch_size: int, num_threads: int,
                    seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
                    hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
@@ -478,7 +493,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
                   seed=seed, prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True,
                   enable_checkpointing=plan.checkpointable,
-                  enable_conditionals=any(s.op in CONDITIONAL for s in plan.steps))
+                  enable_conditionals=any(s.op in CONDITIONAL for s in plan.steps), **_concurrency(plan))
     def graph():  # AutoGraph rewrites this body in a conditional graph: the rest lives outside it
         encoded = _encoded(plan, source, reader, no_copy)
         g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded, raw_output=raw_output)
