@@ -535,20 +535,91 @@ def test_a_users_detection_dataset_is_compiled_as_torchvision_runs_it(coco, devi
     assert len(boxes) == len(ds) and sum(boxes) > 0
 
 
-def test_a_users_detection_dataset_that_reads_pixels_or_opens_two_files_runs_as_written(coco):
+def test_a_users_detection_dataset_that_reads_pixels_or_opens_its_mask_first_runs_as_written(coco, voc):
     """What the discovery cannot stand a black image in for falls back with a reason that says why."""
     chain = DetectionPresetTrain(data_augmentation="hflip", backend="tv_tensor")
     with pytest.warns(FallbackWarning, match="makes its target from the image's pixels"):
         loader = DataLoader(UserDetection(coco, chain, from_pixels=True), batch_size=4, collate_fn=detection_collate)
     assert loader.backend == "torchvision"
 
-    class TwoFiles(UserDetection):
+    class MaskFirst(UserSegmentation):
         def __getitem__(self, i):
-            Image.open(self.items[(i + 1) % len(self)][0]).close()  # a second file (a mask, say)
-            return super().__getitem__(i)
+            mask = tv_tensors.Mask(torch.from_numpy(np.array(Image.open(self.masks[i]))))
+            return self.transforms(Image.open(self.images[i]).convert("RGB"), mask)
 
-    with pytest.warns(FallbackWarning, match="opens 2 files"):
-        assert DataLoader(TwoFiles(coco, chain), batch_size=4, collate_fn=detection_collate).backend == "torchvision"
+    with pytest.warns(FallbackWarning, match="opens another file before its image"):
+        loader = DataLoader(MaskFirst(voc, SegmentationPresetTrain(base_size=160, crop_size=144)), batch_size=4,
+                            collate_fn=segmentation_collate)
+    assert loader.backend == "torchvision"
+
+    class MaskAsImage(UserSegmentation):  # the mask handed over as a PIL image: v2 would transform it as one
+        def __getitem__(self, i):
+            return self.transforms(Image.open(self.images[i]).convert("RGB"), {"mask": Image.open(self.masks[i])})
+
+    with pytest.warns(FallbackWarning, match="passes a second image in its target"):
+        DataLoader(MaskAsImage(voc, v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip()])), batch_size=4)
+
+
+class UserSegmentation(tud.Dataset):
+    """A segmentation Dataset as users write one: its image and its mask, each opened with PIL, the mask a
+    tv_tensors.Mask of the PNG's class indices, ``self.transforms(img, mask)``."""
+
+    def __init__(self, voc, transforms, label_of_pixels=False):
+        base = Path(voc) / "VOCdevkit" / "VOC2012"
+        names = (base / "ImageSets" / "Segmentation" / "train.txt").read_text().split()
+        self.images = [base / "JPEGImages" / f"{n}.jpg" for n in names]
+        self.masks = [base / "SegmentationClass" / f"{n}.png" for n in names]
+        self.transforms = transforms
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        img = Image.open(self.images[i]).convert("RGB")
+        mask = tv_tensors.Mask(torch.from_numpy(np.array(Image.open(self.masks[i]))))
+        return self.transforms(img, mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_users_segmentation_dataset_that_opens_its_mask_is_compiled(voc, device):
+    """Image and mask each opened with PIL: the image found black of its file's size, the mask read for real
+    in the workers per sample (not once for every index); the reference's train preset recorded; side by
+    side with torch's DataLoader the masks exactly torchvision's, the images within the image path's parity;
+    with 2 workers every sample once."""
+    ds = UserSegmentation(voc, SegmentationPresetTrain(base_size=160, crop_size=144))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device)
+    assert loader.backend == "dali", loader.reason
+    plan = loader.explain()
+    assert "its other files (masks) read" in plan and "recorded per sample" in plan, plan
+    torch.manual_seed(3)
+    ours = list(loader)
+    torch.manual_seed(3)
+    theirs = list(tud.DataLoader(ds, batch_size=8, collate_fn=segmentation_collate))
+    assert len(ours) == len(theirs) == 6
+    for (x, m), (xt, mt) in zip(ours, theirs):
+        assert x.shape == xt.shape == (8, 3, 144, 144) and m.dtype == mt.dtype == torch.int64
+        assert torch.equal(m.cpu(), mt) and (mt != 0).any()
+        assert (x.cpu() - xt).abs().mean() * 0.229 * 255 < (1.0 if device == "cpu" else 3.0)
+    masks = [m for _, m in DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device,
+                                      num_workers=2, shuffle=True)]
+    assert sum(len(m) for m in masks) == len(ds)
+
+
+def test_a_users_dataset_whose_files_changed_since_the_loader_was_made_says_which(voc):
+    """A sample made again in a worker (discover.joint_target) that now opens another image than the one
+    found when the loader was made is an error naming both, not a sample of another file."""
+    from gputransforms.datasets import discover
+
+    ds = UserSegmentation(voc, SegmentationPresetTrain(base_size=160, crop_size=144))
+    paths, targets = discover.discover_joint(ds)
+    assert targets is None and paths[:2] == [str(ds.images[0]), str(ds.images[1])]
+    mask = discover.joint_target(ds, 1, paths[1])
+    assert isinstance(mask, tv_tensors.Mask) and torch.equal(mask, torch.from_numpy(np.array(Image.open(ds.masks[1]))))
+    ds.images[1] = ds.images[2]
+    with pytest.raises(RuntimeError, match=f"sample 1 of UserSegmentation opened {ds.images[2]} now, {paths[1]}"):
+        discover.joint_target(ds, 1, paths[1])
 
 
 def test_a_classification_dataset_whose_transform_is_named_transforms_still_compiles(photo_folder):

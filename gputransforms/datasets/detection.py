@@ -409,12 +409,15 @@ class UserDetectionSamples(DetectionSamples):
     it makes, found once; the joint transform is the dataset's ``transforms``, recorded or run as for the
     wrapped datasets."""
 
-    def __init__(self, ds, paths: list, made: list, joint, kind: str, origin: str):
+    def __init__(self, ds, paths: list, made: Optional[list], joint, kind: str, origin: str):
         self._start(ds, list(paths), list(range(len(paths))), joint, kind, origin)
-        self.made = made
+        self.made = made  # None: it opens more files than the image (a mask), read when the sample is
 
     def target_of(self, k, img: Image.Image):
-        """Sample ``k``'s target as its ``__getitem__`` made it (a copy: a transform may change it in place)."""
+        """Sample ``k``'s target as its ``__getitem__`` made it (a copy: a transform may change it in place),
+        or makes it again (its image black, its other files read: ``discover.joint_target``)."""
+        if self.made is None:
+            return discover.joint_target(self.ds, k, self.paths[k])
         return copy.deepcopy(self.made[k])
 
 
@@ -433,17 +436,18 @@ def is_user_detection(dataset) -> bool:
 def resolve_user_detection(ds) -> FileSamples:
     joint = ds.transforms
     try:
-        paths, made = discover.discover_joint(ds)
+        paths, targets = discover.discover_joint(ds)
     except discover.NotJoint:  # a classification Dataset whose transform is named ``transforms``
         return adapters.resolve(ds)
     kind = _first_conversion(joint)
     if kind is None:
         raise NotCompilable(f"{type(ds).__name__}'s joint transform augments PIL images", _ADVICE)
     names = [type(t).__name__ for t in _steps(joint)]
+    made = ("found once on black images of each file's size" if targets is not None else
+            "made per sample as it reads them, its other files (masks) read and its image black of the file's size")
     what = f"{len(paths)} images of {type(ds).__name__} decoded in the graph; the targets its __getitem__ makes " \
-           f"(found once on black images of each file's size: datasets/discover.py); the joint transform " \
-           f"({', '.join(names)})"
-    return _compiled(UserDetectionSamples(ds, paths, made, joint, kind,
+           f"({made}: datasets/discover.py); the joint transform ({', '.join(names)})"
+    return _compiled(UserDetectionSamples(ds, paths, targets, joint, kind,
                                           f"{what} per sample on the decoded image with torchvision's kernels "
                                           "(datasets/detection.py)"), what)
 

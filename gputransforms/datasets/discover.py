@@ -31,6 +31,7 @@ _local = threading.local()
 _lock = threading.Lock()
 _installed = [0, None]  # users of the interception, the real PIL.Image.open
 _SIZE = (23, 17)  # the placeholder: a size and pattern no user code produces by chance
+_OPENED = "gputransforms: opened"  # a sized placeholder's place among the opens of its sample
 
 
 #: what to do instead, when the dataset's files cannot be found by running its __getitem__
@@ -88,17 +89,29 @@ def _open(fp, *args, **kwargs):
     path = _path_of(fp)
     calls.append(path)
     if getattr(_local, "sized", False):  # black, of the file's own size (its header read, nothing decoded)
+        if len(calls) > 1 and _local.rest == "real":  # a second file (a mask): read as the dataset reads it
+            return _installed[1](fp, *args, **kwargs)
         with _installed[1](path) as real:
-            return Image.new("RGB", real.size)
+            if len(calls) == 1:
+                _local.first_size = real.size
+                black = Image.new("RGB", real.size)
+            else:  # a second file stands as itself, black: its mode, its size
+                black = Image.new(real.mode, real.size)
+                if real.mode == "P" and real.getpalette() is not None:
+                    black.putpalette(real.getpalette())
+            black.info[_OPENED] = len(calls)  # which open it came from (PIL's copy and convert keep it)
+            return black
     return placeholder()
 
 
 class _intercept:
     """PIL.Image.open records instead of opening, for the thread inside this block only. ``sized``: the
-    image handed back is black and of the file's own size (a target may be made from the image's size)."""
+    image handed back is black and of the file's own size (a target may be made from the image's size);
+    the files opened after the first (a mask) are black too, in their own mode, or (``rest="real"``)
+    opened as PIL opens them."""
 
-    def __init__(self, sized: bool = False):
-        self.sized = sized
+    def __init__(self, sized: bool = False, rest: str = "black"):
+        self.sized, self.rest = sized, rest
 
     def __enter__(self):
         with _lock:
@@ -107,7 +120,7 @@ class _intercept:
                 Image.open = _open
             _installed[0] += 1
         _local.calls = []
-        _local.sized = self.sized
+        _local.sized, _local.rest, _local.first_size = self.sized, self.rest, None
         return _local.calls
 
     def __exit__(self, *exc):
@@ -243,19 +256,20 @@ class JointRecorder:
 
 
 def discover_joint(ds) -> tuple:
-    """``(paths, targets)`` of a user's detection Dataset: ``__getitem__`` opens one image with
-    ``PIL.Image.open``, makes its target (a dict of tv_tensors, say), and returns ``self.transforms(image,
-    target)``. Each index runs once with the image black and of the file's own size (nothing decoded),
-    its target kept as it went into ``self.transforms``; the first index runs again on its real pixels,
-    and a target that differs there (made from the pixels) is a ``NotCompilable``, as is anything
-    else ``discover`` refuses; ``NotJoint`` where ``self.transforms`` is called on the image alone."""
+    """``(paths, targets)`` of a user's detection or segmentation Dataset: ``__getitem__`` opens an image with
+    ``PIL.Image.open``, makes its target (a dict of tv_tensors, a ``Mask``), and returns
+    ``self.transforms(image, target)``. Each index runs once with the image black and of the file's own size
+    (nothing decoded), its target kept as it went into ``self.transforms``. Where it opens more files after
+    the image (a mask), those stand black in their own mode and size here, and ``targets`` is None: each
+    target is made again when the sample is read (``joint_target``), with the other files read for real.
+    The first index runs again on its real pixels, and a target that differs there (made from the image's
+    pixels) is a ``NotCompilable``, as is anything else ``discover`` refuses; ``NotJoint`` where
+    ``self.transforms`` is called on the image alone."""
     name = type(ds).__name__
     n = _length(ds, name)
-    probe = copy.copy(ds)
-    recorder = JointRecorder()
-    probe.transforms = recorder
+    probe, recorder = _joint_probe(ds)
     getitem = type(ds).__getitem__
-    paths, targets = [], []
+    paths, targets, more = [], [], False
     try:
         with _intercept(sized=True) as calls:
             for i in range(n):
@@ -269,26 +283,75 @@ def discover_joint(ds) -> tuple:
                     raise _Undiscoverable(f"does something to the image or the target the placeholder cannot "
                                           f"stand for (index {i}: {type(e).__name__}: {e})") from None
                 paths.append(_check_joint(i, calls, recorder, out, pixels=i < 64 or i % 997 == 0))
+                more = more or len(calls) > 1
                 targets.append(recorder.seen[0][1])
+        if more:
+            targets = None
         if n:
             recorder.seen.clear()
-            getitem(probe, 0)  # its real pixels: the target must be the same
-            if not same(recorder.seen[0][1], targets[0]):
+            getitem(probe, 0)  # its real pixels (and files): the target must be the same
+            found = targets[0] if targets is not None else _rerun(probe, recorder, 0, paths[0])
+            if not same(recorder.seen[0][1], found):
                 raise _Undiscoverable("makes its target from the image's pixels (index 0 differs on a black image "
                                       "of the same size)")
+            if _has_image(found):
+                raise _Undiscoverable("passes a second image in its target (a mask is a tv_tensors.Mask)")
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
     return paths, targets
 
 
+def _joint_probe(ds) -> tuple:
+    probe = copy.copy(ds)
+    recorder = JointRecorder()
+    probe.transforms = recorder
+    return probe, recorder
+
+
+def _rerun(probe, recorder: JointRecorder, i: int, path: str):
+    """Index ``i``'s target, its image black of the file's size and its other files read as they are."""
+    recorder.seen.clear()
+    with _intercept(sized=True, rest="real") as calls:
+        type(probe).__getitem__(probe, i)
+        first = calls[0] if calls else None
+    if first != path or len(recorder.seen) != 1:
+        raise RuntimeError(f"gputransforms: sample {i} of {type(probe).__name__} opened {first} now, {path} when "
+                           "the loader was made (a Dataset whose files change cannot be compiled)")
+    return recorder.seen[0][1]
+
+
+def joint_target(ds, i: int, path: str, _probes: dict = {}):  # noqa: B006 - one probe per dataset and process
+    """Sample ``i``'s target as ``ds.__getitem__`` makes it, without decoding its image (``discover_joint``
+    where it opens more files than the image: they are read here)."""
+    key = id(ds)
+    if key not in _probes or _probes[key][0] is not ds:
+        _probes.clear()
+        _probes[key] = (ds,) + _joint_probe(ds)
+    _, probe, recorder = _probes[key]
+    return _rerun(probe, recorder, i, path)
+
+
+def _has_image(target) -> bool:
+    if isinstance(target, Image.Image):
+        return True
+    if isinstance(target, dict):
+        return any(_has_image(v) for v in target.values())
+    if isinstance(target, (list, tuple)):
+        return any(_has_image(v) for v in target)
+    return False
+
+
 def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool) -> str:
-    if len(calls) != 1:
-        raise _Undiscoverable("opens no image with PIL.Image.open" if not calls else
-                              f"opens {len(calls)} files for index {i}")
+    if not calls:
+        raise _Undiscoverable("opens no image with PIL.Image.open")
     if len(recorder.seen) != 1 or len(recorder.seen[0]) != 2:
         raise _Undiscoverable("does not call self.transforms(image, target) once")
     img = recorder.seen[0][0]
-    if not (isinstance(img, Image.Image) and img.mode == "RGB" and (not pixels or img.getbbox() is None)):
+    if isinstance(img, Image.Image) and img.info.get(_OPENED, 1) != 1:
+        raise _Undiscoverable("opens another file before its image (open the image first: the other files are "
+                              "read as they are, the first one is the image the graph decodes)")
+    if not (isinstance(img, Image.Image) and img.mode == "RGB" and img.size == _local.first_size and
+            (not pixels or img.getbbox() is None)):
         raise _Undiscoverable("changes the image between opening it and self.transforms (a crop, a resize, a mode "
                               "other than RGB, a conversion to a tensor)")
     if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder.IMAGE or \
