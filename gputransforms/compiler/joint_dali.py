@@ -21,9 +21,8 @@ def _u8(x):
 
 
 def _grey(x):
-    """``_rgb_to_grayscale_image(preserve_dtype=False).floor_()`` of a uint8 image (HWC, as floats)."""
-    r, g, b = x[:, :, 0], x[:, :, 1], x[:, :, 2]
-    return dmath.floor(r * _GREY[0] + g * _GREY[1] + b * _GREY[2])
+    """``_rgb_to_grayscale_image(preserve_dtype=False).floor_()`` of a uint8 image (HWC, as floats): HW1."""
+    return dmath.floor(fn.coord_transform(x, M=_GREY))
 
 
 def _contrast(x, c):
@@ -32,23 +31,28 @@ def _contrast(x, c):
 
 
 def _saturation(x, s):
-    grey = fn.stack(*([_grey(x)] * 3), axis=2)
-    return _u8(x * s + grey * (1.0 - s))
+    return _u8(x * s + _grey(x) * (1.0 - s))
+
+
+#: where each output channel reads torchvision's (v, q, p, t, ...) sequence for sector i: red at i, green at
+#: i + 4, blue at i + 2 (mod 6), so one comparison per sector serves the three channels
+_SECTOR = [0.0, 4.0, 2.0]
 
 
 def _hue(x, h):
-    """``adjust_hue_image``: to [0, 1], to HSV, shift, back, to uint8 with ``* 255.999`` truncated."""
+    """``adjust_hue_image``: to [0, 1], to HSV, shift, back, to uint8 with ``* 255.999`` truncated (one
+    DALI operator per torchvision operation, the channels together where the formulas allow)."""
     img = x * (1.0 / 255.0)
-    r, g, b = img[:, :, 0], img[:, :, 1], img[:, :, 2]
-    maxc = dmath.max(dmath.max(r, g), b)
-    minc = dmath.min(dmath.min(r, g), b)
+    maxc = fn.reductions.max(img, axes=[2], keep_dims=True)
+    minc = fn.reductions.min(img, axes=[2], keep_dims=True)
     eqc = maxc == minc
     crange = maxc - minc
     s = crange / (maxc + eqc * (1.0 - maxc))
     div = crange + eqc * (1.0 - crange)
-    rc, gc, bc = (maxc - r) / div, (maxc - g) / div, (maxc - b) / div
-    neq_r = maxc != r
-    eq_g = maxc == g
+    c = (maxc - img) / div
+    rc, gc, bc = c[:, :, 0:1], c[:, :, 1:2], c[:, :, 2:3]
+    neq_r = maxc != img[:, :, 0:1]
+    eq_g = maxc == img[:, :, 1:2]
     hg = (rc + 2.0 - bc) * (eq_g & neq_r)
     hr = (bc - gc) * (neq_r == 0)
     hb = (gc + 4.0 - rc) * (neq_r & (eq_g == 0))
@@ -59,17 +63,16 @@ def _hue(x, h):
     h6 = hh * 6.0
     i = dmath.floor(h6)
     f = h6 - i
-    i = i - (i >= 6.0) * 6.0
     sxf = s * f
     q = dmath.clamp((1.0 - sxf) * maxc, 0.0, 1.0)
     t = dmath.clamp((sxf + (1.0 - s)) * maxc, 0.0, 1.0)
     p = dmath.clamp((1.0 - s) * maxc, 0.0, 1.0)
-    v = maxc
-    i0, i1, i2, i3, i4, i5 = (i == 0.0), (i == 1.0), (i == 2.0), (i == 3.0), (i == 4.0), (i == 5.0)
-    out_r = v * (i0 | i5) + q * i1 + p * (i2 | i3) + t * i4
-    out_g = t * i0 + v * (i1 | i2) + q * i3 + p * (i4 | i5)
-    out_b = p * (i0 | i1) + t * i2 + v * (i3 | i4) + q * i5
-    return dmath.floor(fn.stack(out_r, out_g, out_b, axis=2) * (255.0 + 1.0 - 1e-3))
+    # (a 1x1x3 tensor per sample: a constant node would have the whole batch's size inside a conditional branch)
+    j = i + fn.coord_transform(img[0:1, 0:1, :], M=[0.0] * 9, T=_SECTOR)
+    j = j - (j >= 6.0) * 6.0
+    j = j - (j >= 6.0) * 6.0  # (i itself may be 6: h6 rounds up to 6.0)
+    out = maxc * ((j == 0.0) | (j == 5.0)) + q * (j == 1.0) + p * ((j == 2.0) | (j == 3.0)) + t * (j == 4.0)
+    return dmath.floor(out * (255.0 + 1.0 - 1e-3))
 
 
 def _only(applies, x, scalars: list, op):
