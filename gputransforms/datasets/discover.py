@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
+import weakref
 
 from PIL import Image
 
@@ -314,20 +315,26 @@ def _rerun(probe, recorder: JointRecorder, i: int, path: str):
     with _intercept(sized=True, rest="real") as calls:
         type(probe).__getitem__(probe, i)
         first = calls[0] if calls else None
-    if first != path or len(recorder.seen) != 1:
+    if first != path:
         raise RuntimeError(f"gputransforms: sample {i} of {type(probe).__name__} opened {first} now, {path} when "
                            "the loader was made (a Dataset whose files change cannot be compiled)")
+    if len(recorder.seen) != 1:
+        raise RuntimeError(f"gputransforms: sample {i} of {type(probe).__name__} called self.transforms "
+                           f"{len(recorder.seen)} times now, once when the loader was made")
     return recorder.seen[0][1]
 
 
-def joint_target(ds, i: int, path: str, _probes: dict = {}):  # noqa: B006 - one probe per dataset and process
+#: the probe of the dataset whose targets this process makes (``joint_target``): (a weak reference to the
+#: dataset, its probe, the probe's recorder)
+_PROBE: list = [None]
+
+
+def joint_target(ds, i: int, path: str):
     """Sample ``i``'s target as ``ds.__getitem__`` makes it, without decoding its image (``discover_joint``
     where it opens more files than the image: they are read here)."""
-    key = id(ds)
-    if key not in _probes or _probes[key][0] is not ds:
-        _probes.clear()
-        _probes[key] = (ds,) + _joint_probe(ds)
-    _, probe, recorder = _probes[key]
+    if _PROBE[0] is None or _PROBE[0][0]() is not ds:
+        _PROBE[0] = (weakref.ref(ds),) + _joint_probe(ds)
+    _, probe, recorder = _PROBE[0]
     return _rerun(probe, recorder, i, path)
 
 
