@@ -690,3 +690,21 @@ def test_the_graphs_colour_steps_are_torchvisions_arithmetic():
             differ += int((ours != theirs).sum())
             total += ours.size
         assert differ <= allowed * total, (name, differ, total)
+
+
+def test_a_joint_graph_asks_for_dalis_operator_concurrency_where_dali_has_it(monkeypatch):
+    """compiler.dali._concurrency: full concurrency and a stream per operator for a plan with a joint step,
+    DALI's defaults for any other plan and under a DALI release without those settings."""
+    import types as pytypes
+
+    import nvidia.dali as dali
+
+    from gputransforms.compiler import dali as lowering
+
+    joint, other = pytypes.SimpleNamespace(steps=[pytypes.SimpleNamespace(op="joint")]), \
+        pytypes.SimpleNamespace(steps=[pytypes.SimpleNamespace(op="resize")])
+    assert lowering._concurrency(joint) == dict(concurrency=dali.OperatorConcurrency.FULL,
+                                               stream_policy=dali.StreamPolicy.PER_OPERATOR)
+    assert lowering._concurrency(other) == {}
+    monkeypatch.delattr(dali, "OperatorConcurrency")
+    assert lowering._concurrency(joint) == {}

@@ -462,10 +462,17 @@ def _encoded(plan: Plan, source: Optional[Callable], reader: Optional[Callable],
 
 
 def _concurrency(plan: Plan) -> dict:
+    """The pipeline's operator concurrency for ``plan`` (``CONCURRENT``); DALI's defaults where its release
+    has no such setting (the dynamic executor's ``concurrency`` and ``stream_policy``)."""
     if not any(s.op in CONCURRENT for s in plan.steps):
         return {}
+    import inspect
+
     import nvidia.dali as dali
 
+    if not hasattr(dali, "OperatorConcurrency") or \
+            "concurrency" not in inspect.signature(dali.Pipeline.__init__).parameters:
+        return {}
     return dict(concurrency=dali.OperatorConcurrency.FULL, stream_policy=dali.StreamPolicy.PER_OPERATOR)
 
 
