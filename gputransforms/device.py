@@ -201,18 +201,19 @@ def _together(leaves: list, dev: torch.device) -> dict:
             moved[id(t)] = None
             by_dtype.setdefault((t.dtype, t.__dict__.get(WIDEN)), []).append(t)
     for (dtype, wide), group in by_dtype.items():
-        pinned = [t.is_pinned() and t.is_contiguous() for t in group]
-        group = [t for t, p in zip(group, pinned) if not p] + [t for t, p in zip(group, pinned) if p]
+        flags = [t.is_pinned() and t.is_contiguous() for t in group]
+        paged = [t for t, p in zip(group, flags) if not p]
+        pinned = [t for t, p in zip(group, flags) if p]
+        group = paged + pinned  # (the device buffer's order)
         sizes = [t.numel() for t in group]
-        paged = len(group) - sum(pinned)
-        if not any(pinned):
+        if not pinned:
             flat = _pinned_cat(group, dtype, dev).to(dev, non_blocking=True)
         else:
             flat = torch.empty(sum(sizes), dtype=dtype, device=dev)
             parts = flat.split(sizes)
             if paged:
-                flat[:sum(sizes[:paged])].copy_(_pinned_cat(group[:paged], dtype, dev), non_blocking=True)
-            for t, part in zip(group[paged:], parts[paged:]):
+                flat[:sum(sizes[:len(paged)])].copy_(_pinned_cat(paged, dtype, dev), non_blocking=True)
+            for t, part in zip(pinned, parts[len(paged):]):
                 part.copy_(t.as_subclass(torch.Tensor).view(-1), non_blocking=True)
         if wide is not None:
             flat = flat.to(wide)

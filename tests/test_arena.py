@@ -168,3 +168,27 @@ def test_pinned_masks_and_paged_ones_reach_the_device_together():
             assert type(m[key]) is type(t[key]) and m[key].dtype == t[key].dtype, key
             assert m[key].is_cuda and torch.equal(m[key].cpu(), t[key]), key
             assert m[key].__dict__ == t[key].__dict__, key
+
+
+def test_together_orders_pinned_and_paged_tensors_back_to_their_own(monkeypatch):
+    """device._together's branch for tensors already pinned, on the CPU (their pinning stood in for): pinned
+    and pageable tensors of one dtype share one buffer, each comes back with its own values; masks held
+    narrow (WIDEN) come back their dtype, type and attributes, without the mark."""
+    from torchvision import tv_tensors
+
+    from gputransforms.device import WIDEN, _together
+
+    gen = torch.Generator().manual_seed(0)
+    plain = [torch.randint(0, 20, (5, 7), dtype=torch.uint8, generator=gen) for _ in range(4)]
+    masks = [tv_tensors.Mask(torch.randint(0, 20, (3, 4 + k), dtype=torch.uint8, generator=gen)) for k in range(3)]
+    for m in masks:
+        m.__dict__[WIDEN] = torch.int64
+    marked = {id(plain[1]), id(plain[3]), id(masks[0])}
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in marked)
+    moved = _together(plain + masks, torch.device("cpu"))
+    for t in plain:
+        assert moved[id(t)].dtype == torch.uint8 and torch.equal(moved[id(t)], t)
+    for m in masks:
+        back = moved[id(m)]
+        assert type(back) is tv_tensors.Mask and back.dtype == torch.int64 and torch.equal(back, m.to(torch.int64))
+        assert WIDEN not in back.__dict__

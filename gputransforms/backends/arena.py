@@ -45,10 +45,10 @@ _TAG = "\0gputransforms-ring"
 class Rings:
     """One ring per worker (``worker_id``), made in the parent before the workers start."""
 
-    def __init__(self, workers: int, size: Optional[int] = None):
+    def __init__(self, workers: int, size: Optional[int] = None, pin: bool = False):
         self.maps: list = []
         self.taken = 0  # pieces copied out (the main thread's count)
-        self.pin = False  # a pickled target's large arrays are loaded into pinned memory (the batch goes to the GPU)
+        self.pin = pin  # a pickled target's large arrays are loaded into pinned memory (the batch goes to the GPU)
         size = min(RING if size is None else size, _room(workers))
         self.cap = size - _HEADER
         # the worker's side (each worker process has its own copy of these after the fork)

@@ -237,15 +237,12 @@ def _stop_workers(dl: tud.DataLoader, rings: Optional[arena.Rings] = None) -> No
     abandoned 16-worker video loader held its process's main thread there for minutes (py-spy, the
     GPU test run of test_bad_videos_named_or_skipped). The workers hold nothing worth finishing."""
     it = getattr(dl, "_iterator", None)
-    if it is None:
-        if rings is not None:
-            rings.close()
-        return
-    for w in getattr(it, "_workers", ()):
-        if w.is_alive():
-            w.terminate()
-    it._shutdown_workers()  # joins the dead workers, closes the queues; its __del__ then does nothing
-    dl._iterator = None
+    if it is not None:
+        for w in getattr(it, "_workers", ()):
+            if w.is_alive():
+                w.terminate()
+        it._shutdown_workers()  # joins the dead workers, closes the queues; its __del__ then does nothing
+        dl._iterator = None
     if rings is not None:
         rings.close()
 
@@ -274,9 +271,7 @@ class ProcessDecoders:
         gen = torch.Generator()
         gen.manual_seed(seed if seed is not None else 0)
         # a recorded sample's encoded file and target through shared memory (arena.py), not torch's pipe
-        self.rings = arena.Rings(workers) if extras and workers > 0 else None
-        if self.rings is not None:
-            self.rings.pin = gpu
+        self.rings = arena.Rings(workers, pin=gpu) if extras and workers > 0 else None
         self.dl = tud.DataLoader(_Decoded(read, extras, self.rings), batch_size=None, sampler=self.flat,
                                  num_workers=workers, collate_fn=_identity, timeout=timeout, generator=gen, **more)
         # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)

@@ -15,6 +15,7 @@ reused before the copy has run. (A pinned block handed back through NumPy loses 
 """
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 
@@ -93,5 +94,6 @@ def load(buf, pin: bool = False):
     return _Loader(buf, start, stream, pin).load()
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_dtype(dtype: str) -> torch.dtype:
     return torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
