@@ -1,11 +1,13 @@
 """Detection and segmentation loaders side by side, one process, one run (#34):
 
     python -m benchmarks.detection ROOT [--make-data 5000] [--presets ssd,ssdlite,hflip,seg] [--batch-size 32]
+                                        [--backend tv_tensor|tensor|pil]
 
 ROOT is a folder of photos (``--make-data N`` writes N ImageNet-like ones first); its COCO layout
 (boxes, polygons, crowd RLE; ``sampledata.write_coco``) and for ``seg`` its VOC layout (class masks;
 ``sampledata.write_voc``) are written beside it once. For each of torchvision's detection presets
-(references/detection/presets.py with ``--use-v2 --backend tv_tensor``), on the same wrapped
+(references/detection/presets.py with ``--use-v2 --backend tv_tensor``; ``--backend pil``: the
+references' default, whose augmentations work on PIL images), on the same wrapped
 ``CocoDetection`` minus images without annotations (the reference's Subset), with the reference's
 ``collate_fn``; ``seg``: the segmentation reference's train preset (``--use-v2``, base size 520, crop
 480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with its ``collate_fn``:
@@ -43,13 +45,13 @@ def coco_of(root: str) -> tuple:
     return str(out / "images"), str(out / "annotations.json")
 
 
-def dataset(coco: tuple, preset: str):
+def dataset(coco: tuple, preset: str, backend: str = "tv_tensor"):
     import torchvision
 
     from tests.presets import DetectionPresetTrain  # the reference's presets, as the tests rebuild them
 
     ds = torchvision.datasets.CocoDetection(coco[0], coco[1], transforms=DetectionPresetTrain(
-        data_augmentation=preset, backend="tv_tensor"))
+        data_augmentation=preset, backend=backend))
     ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys=["boxes", "labels", "image_id"])
     return tud.Subset(ds, [i for i, img_id in enumerate(ds.ids) if ds.coco.getAnnIds(imgIds=img_id)])
 
@@ -63,13 +65,13 @@ def voc_of(root: str) -> str:
     return str(out)
 
 
-def segmentation(voc: str):
+def segmentation(voc: str, backend: str = "tv_tensor"):
     import torchvision
 
     from tests.presets import SegmentationPresetTrain  # the reference's preset, as the tests rebuild it
 
     ds = torchvision.datasets.VOCSegmentation(voc, year="2012", image_set="train", transforms=SegmentationPresetTrain(
-        base_size=520, crop_size=480, backend="tv_tensor"))
+        base_size=520, crop_size=480, backend=backend))
     return torchvision.datasets.wrap_dataset_for_transforms_v2(ds)
 
 
@@ -202,6 +204,8 @@ def main(argv=None):
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--backend", default="tv_tensor", choices=["tv_tensor", "tensor", "pil"],
+                    help="the references' --backend: what the presets augment")
     ap.add_argument("--out", default="bench-out/detection")
     a = ap.parse_args(argv)
     if a.make_data and not Path(a.root).exists():
@@ -214,13 +218,13 @@ def main(argv=None):
         for name in a.pipelines.split(","):
             if name.startswith("dali-") and (preset != "ssd" or not on_gpu()):  # (SSD only, GPU only)
                 continue
-            row = dict(preset=preset, pipeline=name)
+            row = dict(preset=preset, pipeline=name, backend=a.backend)
             if preset == "seg":
                 from tests.presets import segmentation_collate
 
-                data, fn, moved = (lambda: segmentation(voc)), segmentation_collate, MovedPair  # noqa: E731
+                data, fn, moved = (lambda: segmentation(voc, a.backend)), segmentation_collate, MovedPair  # noqa: E731
             else:
-                data, fn, moved = (lambda p=preset: dataset(coco, p)), collate, Moved  # noqa: E731
+                data, fn, moved = (lambda p=preset: dataset(coco, p, a.backend)), collate, Moved  # noqa: E731
             try:
                 if name == "torchvision":
                     make = lambda: moved(tud.DataLoader(data(), batch_size=a.batch_size, shuffle=True,  # noqa: E731
@@ -255,7 +259,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     info = dict(device=torch.cuda.get_device_name() if on_gpu() else "cpu", cores=os.cpu_count(),
-                batch_size=a.batch_size, workers=a.workers, threads=a.threads)
+                batch_size=a.batch_size, workers=a.workers, threads=a.threads, backend=a.backend)
     (out / "detection.json").write_text(json.dumps(dict(info=info, rows=rows), indent=2))
     print(json.dumps(info))
 

@@ -83,19 +83,34 @@ def test_deterministic_chain_gives_torchvisions_targets(coco, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("aug", ["hflip", "ssdlite", "ssd", "multiscale"])
-@pytest.mark.parametrize("backend", ["tv_tensor", "tensor"])
+@pytest.mark.parametrize("backend", ["tv_tensor", "tensor", "pil"])
 def test_reference_presets_same_draws_same_targets(coco, device, aug, backend):
-    """torchvision's detection presets (--use-v2, --backend tv_tensor/tensor): the same random draws,
-    so the same crops, flips and zooms: boxes, labels and masks exactly torchvision's, images within
-    the decoders' difference (RandomPhotometricDistort's colour ops on the decoded pixels)."""
-    ds = wrapped(coco, DetectionPresetTrain(data_augmentation=aug, backend=backend), keys=["boxes", "labels",
-                                                                                             "masks", "image_id"])
-    ours, theirs = side_by_side(ds, device, seed=3, shuffle=True)
+    """torchvision's detection presets (--use-v2, --backend tv_tensor/tensor/pil): recorded, and with the
+    same random draws the same crops, flips and zooms: boxes, labels and masks exactly torchvision's, images
+    within the decoders' difference. With --backend pil (the reference's default) torchvision augments PIL
+    images with PIL's kernels, the graph with the tensor kernels' arithmetic: each image is as far from
+    torchvision's as torchvision's own tensor kernels are from its PIL ones (the same preset with --backend
+    tensor, from the same seed), plus that parity."""
+    keys = ["boxes", "labels", "masks", "image_id"]
+    ds = wrapped(coco, DetectionPresetTrain(data_augmentation=aug, backend=backend), keys=keys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)  # recorded: nothing runs per sample after the graph
+        loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device, shuffle=True)
+    assert loader.backend == "dali" and "recorded per sample" in loader.explain(), loader.reason
+    torch.manual_seed(3)
+    ours = list(loader)
+    torch.manual_seed(3)
+    theirs = list(tud.DataLoader(ds, batch_size=4, collate_fn=detection_collate, shuffle=True))
+    torch.manual_seed(3)
+    as_tensors = list(tud.DataLoader(wrapped(coco, DetectionPresetTrain(data_augmentation=aug, backend="tensor"),
+                                             keys=keys), batch_size=4, collate_fn=detection_collate, shuffle=True))
+    parity = 1.0 if device == "cpu" else 3.0
     ids = []
-    for (oi, ot), (ti, tt) in zip(ours, theirs):
-        for a, b, ta, tb in zip(oi, ti, ot, tt):
+    for (oi, ot), (ti, tt), (ki, _) in zip(ours, theirs, as_tensors):
+        for a, b, ta, tb, k in zip(oi, ti, ot, tt, ki):
             assert a.shape == b.shape and type(a) is type(b) is torch.Tensor
-            assert (a.cpu() - b).abs().mean() * 255 < (1.0 if device == "cpu" else 3.0)
+            own = (k - b).abs().mean() * 255 if backend == "pil" else 0.0  # torchvision's tensor-vs-PIL
+            assert (a.cpu() - b).abs().mean() * 255 < own + parity
             same_targets(ta, tb)
             ids.append(ta["image_id"])
     assert sorted(ids) == [i + 1 for i in range(48) if i % 7 != 6]  # every annotated image once
@@ -116,11 +131,52 @@ def test_images_without_annotations_as_torchvision_treats_them(coco):
     assert str(info.value) == str(ref.value)
 
 
-def test_a_pil_backend_chain_falls_back_with_advice(coco):
-    ds = wrapped(coco, DetectionPresetTrain(data_augmentation="ssd", backend="pil"), annotated_only=False)
-    with pytest.warns(FallbackWarning, match="augments PIL images.*--backend tv_tensor"):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_chain_on_pil_images_pads_with_pils_fill(coco, device):
+    """A joint transform on PIL images, its fill a float colour (PIL's kernel truncates it to integers):
+    recorded, boxes exactly torchvision's, the image equal to torchvision's (on the CPU: the same decoder)
+    and its padded border PIL's colour."""
+    chain = v2.Compose([v2.Pad([16, 8, 24, 4], fill=(123.7, 117.2, 104.9)), v2.RandomHorizontalFlip(p=1),
+                        v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.SanitizeBoundingBoxes()])
+    ds = wrapped(coco, chain, keys=["boxes", "labels"])
+    loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert loader.backend == "dali" and "recorded per sample" in loader.explain(), loader.reason
+    ours, theirs = side_by_side(ds, device)
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert torch.equal((a[:, :4, :] * 255).round().cpu(), (b[:, :4, :] * 255).round())  # the fill
+            assert torch.equal((b[:, 0, 0] * 255).round(), torch.tensor([123.0, 117.0, 104.0]))
+            assert (a.cpu() - b).abs().max() * 255 < (0.01 if device == "cpu" else 255)
+            assert (a.cpu() - b).abs().mean() * 255 < (0.01 if device == "cpu" else 3.0)
+            same_targets(ta, tb)
+
+
+class _ReadsPil(v2.Transform):
+    """A user's class that looks at a PIL image's pixels (its mean brightness)."""
+
+    def transform(self, inpt, params):
+        if isinstance(inpt, Image.Image):
+            return inpt if np.asarray(inpt).mean() > 100 else v2.functional.horizontal_flip(inpt)
+        return inpt
+
+
+def test_a_pil_chain_that_reads_the_pixels_runs_as_written(coco):
+    """A joint transform on PIL images is recorded on a PIL image without pixels: one that reads them (here
+    a user's class, before the PIL-backend ssd preset) stays on torch's DataLoader, with PIL's kernels, and
+    says why; its batches are torchvision's."""
+    chain = v2.Compose([_ReadsPil(), DetectionPresetTrain(data_augmentation="hflip", backend="pil").transforms])
+    ds = wrapped(coco, chain)
+    with pytest.warns(FallbackWarning, match="augments PIL images and cannot be recorded"):
         loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device="cpu")
     assert loader.backend == "torchvision"
+    torch.manual_seed(0)
+    ours = list(loader)
+    torch.manual_seed(0)
+    theirs = list(tud.DataLoader(ds, batch_size=4, collate_fn=detection_collate))
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        assert all(torch.equal(a, b) for a, b in zip(oi, ti))
+        for a, b in zip(ot, tt):
+            same_targets(a, b)
 
 
 @pytest.fixture(scope="module")
@@ -285,11 +341,13 @@ def _voc_segmentation(voc, transforms, indices=None):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_segmentation_reference_preset_is_recorded_with_its_own_pad_class(voc, device):
-    """references/segmentation's v2 train preset, PadIfSmaller (its own class) included, with its
-    collate_fn: recorded (the user's class after a pixel-blind probe), masks exactly torchvision's,
-    images within the image path's parity; with 2 workers every image once."""
-    ds = _voc_segmentation(voc, SegmentationPresetTrain(base_size=160, crop_size=144))
+@pytest.mark.parametrize("backend", ["tv_tensor", "pil"])
+def test_segmentation_reference_preset_is_recorded_with_its_own_pad_class(voc, device, backend):
+    """references/segmentation's v2 train preset (--backend tv_tensor, and its default pil: PIL images
+    augmented), PadIfSmaller (its own class) included, with its collate_fn: recorded (the user's class
+    after a pixel-blind probe), masks exactly torchvision's, images within the image path's parity; with
+    2 workers every image once."""
+    ds = _voc_segmentation(voc, SegmentationPresetTrain(base_size=160, crop_size=144, backend=backend))
     loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device)
     plan = loader.explain()
     assert "recorded per sample" in plan and "PadIfSmaller: your own class" in plan, plan
@@ -513,13 +571,13 @@ class UserDetection(tud.Dataset):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("aug", ["hflip", "ssd"])
-def test_a_users_detection_dataset_is_compiled_as_torchvision_runs_it(coco, device, aug):
-    """A user's own Dataset whose __getitem__ opens an image and returns transforms(image, target): the files
-    and targets found once (black images of each file's size), the joint transform recorded; side by side
-    with torch's DataLoader, the same targets exactly and the images within the image path's parity; with
-    2 workers every sample once."""
-    ds = UserDetection(coco, DetectionPresetTrain(data_augmentation=aug, backend="tv_tensor"))
+@pytest.mark.parametrize("aug,backend", [("hflip", "tv_tensor"), ("ssd", "tv_tensor"), ("hflip", "pil")])
+def test_a_users_detection_dataset_is_compiled_as_torchvision_runs_it(coco, device, aug, backend):
+    """A user's own Dataset whose __getitem__ opens an image and returns transforms(image, target) (the
+    transform on tensors, or on the PIL image): the files and targets found once (black images of each
+    file's size), the joint transform recorded; side by side with torch's DataLoader, the same targets
+    exactly and the images within the image path's parity; with 2 workers every sample once."""
+    ds = UserDetection(coco, DetectionPresetTrain(data_augmentation=aug, backend=backend))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
         loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)

@@ -30,7 +30,9 @@ import threading
 from typing import Optional
 
 import numpy as np
+import PIL.Image
 import torch
+from PIL._util import DeferredError
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional import _utils as _futils
@@ -57,6 +59,34 @@ class Unrecordable(Exception):
     """The transform called an image functional the recording does not know (it runs as written)."""
 
 
+def _pil_stand_in(size: tuple) -> PIL.Image.Image:
+    """A PIL image (of PIL's own class, as the transform's type lookups see it) of mode RGB and ``size``
+    (h, w) that holds no pixels: anything that reads them raises Unrecordable. A joint transform written
+    for PIL images (the references' ``--backend pil``) is recorded on it."""
+    img = PIL.Image.Image()
+    missing = DeferredError(Unrecordable("the transform read the pixels of a PIL image"))
+    for field, value in (("size", (int(size[1]), int(size[0]))), ("mode", "RGB"), ("im", missing)):
+        # Pillow >= 10.1 keeps them as properties over private fields; older Pillow as plain attributes
+        setattr(img, "_" + field if isinstance(getattr(PIL.Image.Image, field, None), property) else field, value)
+    img.gputransforms_stand_in = True
+    return img
+
+
+def _is_pil_stand_in(x) -> bool:
+    return isinstance(x, PIL.Image.Image) and getattr(x, "gputransforms_stand_in", False)
+
+
+def _key(x) -> Optional[int]:
+    """What a record knows a stand-in by: a tensor's storage address, a PIL stand-in's identity."""
+    if isinstance(x, torch.Tensor):
+        return x.data_ptr()
+    return id(x) if _is_pil_stand_in(x) else None
+
+
+def _shape(x) -> tuple:
+    return (3, x.height, x.width) if isinstance(x, PIL.Image.Image) else tuple(x.shape)
+
+
 # --- recording ------------------------------------------------------------------------------------------
 
 _LOCAL = threading.local()
@@ -72,6 +102,11 @@ class _Record:
         self.value = value  # every stand-in's one value (None: left uninitialised)
 
     def stand_in(self, like, shape, dtype, ops: list):
+        if isinstance(like, PIL.Image.Image):
+            img = _pil_stand_in(shape[-2:])
+            self.alive.append(img)
+            self.ops[id(img)] = ops
+            return img
         t = (torch.empty((), dtype=dtype) if self.value is None else torch.full((), self.value, dtype=dtype)).expand(
             *shape)
         self.alive.append(t)
@@ -120,7 +155,7 @@ def _recording_kernel(functional, registered):
 
     def kernel(inpt, *args, **kwargs):
         rec = getattr(_LOCAL, "record", None)
-        ops = rec.ops.get(inpt.data_ptr()) if rec is not None else None
+        ops = rec.ops.get(_key(inpt)) if rec is not None else None
         if ops is None:  # not one of ours (another thread's torchvision call while the kernels are swapped)
             return registered(inpt, *args, **kwargs)
         if joint_masks.made(ops):
@@ -129,11 +164,45 @@ def _recording_kernel(functional, registered):
         elif name not in COLOUR_SLOTS + GEOMETRY + TAIL:
             raise Unrecordable(name)
         a = _bound(real, inpt, args, kwargs)
-        shape, dtype = _shape_after(name, tuple(inpt.shape), inpt.dtype, a)
-        return rec.stand_in(inpt, shape, dtype, ops + [(name, a, tuple(inpt.shape[-2:]))])
+        pil = isinstance(inpt, PIL.Image.Image)
+        if pil:
+            a = _as_pil_does(name, a, inpt)
+        before = _shape(inpt)
+        shape, dtype = _shape_after(name, before, torch.uint8 if pil else inpt.dtype, a)
+        return rec.stand_in(inpt, shape, dtype, ops + [(name, a, before[-2:])])
 
     return kernel
 
+
+def _as_pil_does(name: str, a: dict, image: PIL.Image.Image) -> dict:
+    """A PIL kernel's arguments as it applies them: it always antialiases a resize, and pads with the fill
+    truncated to integers."""
+    from torchvision.transforms import _functional_pil as FP
+
+    if name == "resize":
+        return dict(a, antialias=True)
+    if name == "pad" and a.get("padding_mode", "constant") == "constant":
+        return dict(a, fill=FP._parse_fill(a["fill"], image, name="fill")["fill"])
+    return a
+
+
+def _converting(original, like):
+    """``F.to_image`` / ``F.pil_to_tensor`` while recording: a PIL stand-in becomes a uint8 tensor stand-in of
+    its size (``like``'s type), carrying its record; anything else is converted as before."""
+
+    def convert(inpt, *args, **kwargs):
+        rec = getattr(_LOCAL, "record", None)
+        ops = rec.ops.get(_key(inpt)) if rec is not None and _is_pil_stand_in(inpt) else None
+        if ops is None:
+            return original(inpt, *args, **kwargs)
+        return rec.stand_in(like(), _shape(inpt), torch.uint8, list(ops))
+
+    return convert
+
+
+#: per kind of image a joint transform is handed, something of its type (what ``_Record.stand_in`` copies)
+_LIKE = {"image": lambda: tv_tensors.Image(torch.empty(1, 1)), "tensor": lambda: torch.empty(0),
+         "pil": PIL.Image.Image}
 
 _SWAPPED = [0]  # how many recording() contexts are open (the kernels are swapped while > 0)
 _SAVED: list = []
@@ -156,11 +225,14 @@ def _swap_in() -> None:
     for functional, registry in list(_futils._KERNEL_REGISTRY.items()):
         if functional.__name__ in _QUERIES:
             continue
-        for cls in (tv_tensors.Image, torch.Tensor, tv_tensors.Mask):
+        for cls in (tv_tensors.Image, torch.Tensor, tv_tensors.Mask, PIL.Image.Image):
             real = registry.get(cls)
             if real is not None:
                 _SAVED.append((registry.__setitem__, cls, real))
                 registry[cls] = _recording_kernel(functional, real)
+    for name, like in (("to_image", _LIKE["image"]), ("pil_to_tensor", _LIKE["tensor"])):
+        _SAVED.append((functools.partial(setattr, F), name, getattr(F, name)))
+        setattr(F, name, _converting(getattr(F, name), like))
     for cls, faster in draws():
         original = cls.__dict__.get("make_params")
         if original is not None:
@@ -170,10 +242,11 @@ def _swap_in() -> None:
 
 @contextlib.contextmanager
 def recording():
-    """While this lasts, the image kernels of every functional (for tv_tensors.Image and plain
-    tensors) record when given a stand-in; given any other tensor they run as before, so torchvision
-    calls elsewhere in the process are unaffected. The classes with a ``draw`` entry draw their
-    parameters in its exact faster form for a sample being recorded. ``record`` runs inside it."""
+    """While this lasts, the image kernels of every functional (for tv_tensors.Image, plain tensors and
+    PIL images), and the conversions of a PIL image to a tensor, record when given a stand-in; given
+    anything else they run as before, so torchvision calls elsewhere in the process are unaffected. The
+    classes with a ``draw`` entry draw their parameters in its exact faster form for a sample being
+    recorded. ``record`` runs inside it."""
     with _SWAP_LOCK:
         if not _SWAPPED[0]:
             _swap_in()
@@ -205,7 +278,8 @@ def keep_recording() -> None:
 
 def record(joint, size: tuple, target, kind: str = "image", value: Optional[int] = None,
            lazy_masks: bool = False) -> tuple:
-    """Run ``joint(image, target)`` on a stand-in uint8 RGB image of ``size`` (h, w): returns (the
+    """Run ``joint(image, target)`` on a stand-in uint8 RGB image of ``size`` (h, w) of ``kind`` (a
+    tv_tensors "image", a plain "tensor", or "pil": a PIL image the transform converts): returns (the
     recorded functionals applied to the image, in order, each (name, arguments, size before); the
     transformed target; the output image's type: "image" or "tensor"). Unrecordable if the transform
     calls a functional the graph lacks. ``value``: every stand-in holds it (a probe of whether a
@@ -213,8 +287,7 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
     stand-ins too, made from their records in one gather (``joint_masks``); MaskUnrecordable where
     they cannot be (the caller records again with the real masks, from the same random state)."""
     rec = _Record(value)
-    image = rec.stand_in(tv_tensors.Image(torch.empty(1, 1)) if kind == "image" else torch.empty(0),
-                         (3, int(size[0]), int(size[1])), torch.uint8, [])
+    image = rec.stand_in(_LIKE[kind](), (3, int(size[0]), int(size[1])), torch.uint8, [])
     lazy = False  # mask stand-ins made: every Mask of the target is one the gather takes, and there is one
     if lazy_masks:
         masks: list = []

@@ -13,10 +13,11 @@ Two ways to run the joint transform:
 - **per sample** (any other step): the graph decodes each image (nvJPEG on the GPU) to a uint8 CHW tensor
   on the device; the joint transform then runs per sample, as written, with torchvision's kernels.
 
-Compiled when the joint transform starts with a conversion to tensor (``ToImage()`` or
-``PILToTensor()``: the reference's ``--backend tv_tensor`` / ``tensor``), since its augmentations then
-work on tensors as they do here; a chain that augments PIL images (``--backend pil``) stays on torch's
-DataLoader, whose PIL kernels differ from the tensor ones.
+A joint transform that augments PIL images (the references' default ``--backend pil``: a conversion to
+tensor after the augmentations) is recorded on a PIL stand-in, so every type lookup and parameter draw is
+what it is on PIL images; the graph does the pixel work with the tensor kernels' arithmetic (the difference
+from PIL's kernels is torchvision's own tensor-against-PIL difference, in the docs). Such a chain compiles
+only where it can be recorded: else it stays on torch's DataLoader (with PIL's kernels, as written).
 """
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ from . import adapters, discover, pickled
 from .adapters import FileSamples
 from .pickled import Pickled
 
-_ADVICE = ("to compile it, start the joint transform with v2.ToImage() or v2.PILToTensor() (torchvision's "
-           "detection reference: --backend tv_tensor or tensor)")
+_ADVICE = ("to compile it, leave out what reads the PIL image's pixels, or start the joint transform with "
+           "v2.ToImage() or v2.PILToTensor() (torchvision's references: --backend tv_tensor or tensor): its steps "
+           "then run per sample after the graph's decode")
 
 
 def _wrapper_class():
@@ -198,7 +200,9 @@ def _steps(joint) -> list:
     return [t]
 
 
-def _first_conversion(joint) -> Optional[str]:
+def _first_conversion(joint) -> str:
+    """What the joint transform is handed: "image" (it starts with ``ToImage``), "tensor" (with
+    ``PILToTensor``) or "pil" (the PIL image torchvision's datasets hand it)."""
     from torchvision.transforms import v2
 
     steps = _steps(joint)
@@ -207,7 +211,7 @@ def _first_conversion(joint) -> Optional[str]:
         return "image"
     if type(first) is v2.PILToTensor:
         return "tensor"
-    return None
+    return "pil"
 
 
 class DetectionSamples(FileSamples):
@@ -272,9 +276,10 @@ class DetectionSamples(FileSamples):
                 # if it has one, is raised here as torchvision does. The graph gets a 1x1 placeholder in its place
                 # (its output is left unused), not the file to decode again.
                 torch.set_rng_state(state)
-                image = torch.from_numpy(np.asarray(files.pil_rgb(i, path, data))).permute(2, 0, 1)
-                out = joint(tv_tensors.Image(image) if kind == "image" else image,
-                            target_of(k, img))
+                image = files.pil_rgb(i, path, data)
+                if kind != "pil":
+                    image = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+                out = joint(tv_tensors.Image(image) if kind == "image" else image, target_of(k, img))
                 return (_placeholder(), program.identity((1, 1))), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
@@ -383,8 +388,6 @@ class DetectionSamples(FileSamples):
 def resolve_detection(ds) -> DetectionSamples:
     joint = ds.transforms
     kind = _first_conversion(joint) if joint is not None else "tensor"
-    if kind is None:
-        raise NotCompilable(f"{type(ds).__name__}'s joint transform augments PIL images", _ADVICE)
     names = [type(t).__name__ for t in _steps(joint)] if joint is not None else []
     what = f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's targets; the " \
            f"joint transform ({', '.join(names) or 'none'})"
@@ -397,6 +400,9 @@ def _compiled(samples: DetectionSamples, what: str) -> DetectionSamples:
     """The samples with their joint transform recorded, where it can be (else per sample after the graph)."""
     joint = samples.joint
     program = _program(samples)
+    if program is None and samples.kind == "pil":  # not per sample after the graph: that has no PIL images
+        raise NotCompilable(f"{type(samples.ds).__name__}'s joint transform augments PIL images and cannot be "
+                            "recorded", _ADVICE)
     if program is not None:
         samples.user_steps = [type(t).__name__ for t in _user_steps(_steps(joint))]
         samples.record_with(program, f"{what} recorded per sample, its pixel work in the graph "
@@ -440,8 +446,6 @@ def resolve_user_detection(ds) -> FileSamples:
     except discover.NotJoint:  # a classification Dataset whose transform is named ``transforms``
         return adapters.resolve(ds)
     kind = _first_conversion(joint)
-    if kind is None:
-        raise NotCompilable(f"{type(ds).__name__}'s joint transform augments PIL images", _ADVICE)
     names = [type(t).__name__ for t in _steps(joint)]
     made = ("found once on black images of each file's size" if targets is not None else
             "made per sample as it reads them, its other files (masks) read and its image black of the file's size")
@@ -469,6 +473,13 @@ def _user_steps(steps: list) -> list:
     return [t for t in steps if not joint_ok(t) and _user_class(t)]
 
 
+def _uint8_fill(fill, kind: str) -> tuple:
+    """The uint8 values a pad writes for ``fill`` (PIL's kernel first truncates it to integers)."""
+    if kind == "pil" and fill is not None:
+        fill = tuple(int(v) for v in fill) if isinstance(fill, (list, tuple)) else int(fill)
+    return recorded.uint8_fill(fill)
+
+
 def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
     """The joint graph's structure for the samples' joint transform, where every step may be recorded
     (the registry's ``joint`` entries, or a user's own class whose recording on stand-ins of 0 and of 255
@@ -481,10 +492,10 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
     user = _user_steps(steps)
     if not steps or not all(joint_ok(t) or _user_class(t) for t in steps) or not len(samples):
         return None
-    image_type = tv_tensors.Image if kind == "image" else torch.Tensor
-    resizes = tuple((recorded.interp_name(t.interpolation), bool(getattr(t, "antialias", True)))
+    image_type = {"image": tv_tensors.Image, "pil": Image.Image}.get(kind, torch.Tensor)
+    resizes = tuple((recorded.interp_name(t.interpolation), kind == "pil" or bool(getattr(t, "antialias", True)))
                     for t in steps if type(t).__name__ in _RESIZES)
-    fills = [recorded.uint8_fill(_get_fill(t._fill, image_type)) for t in steps
+    fills = [_uint8_fill(_get_fill(t._fill, image_type), kind) for t in steps
              if type(t).__name__ in _PADS and hasattr(t, "_fill")]
     program = recorded.JointProgram(colour=any(type(t).__name__ == "RandomPhotometricDistort" for t in steps),
                                     resizes=resizes, fill=fills[0] if fills else (0, 0, 0), tail=())
