@@ -193,6 +193,24 @@ class SegmentationPresetTrain:
         return self.transforms(img, target)
 
 
+class SegmentationPresetEval:
+    """references/segmentation/presets.py's eval preset with ``use_v2=True``: a square resize, the
+    conversion (after it on PIL images), float, normalize."""
+
+    def __init__(self, *, base_size, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), backend="pil"):
+        from torchvision.transforms import v2 as T
+
+        transforms = {"tensor": [T.PILToTensor()], "tv_tensor": [T.ToImage()], "pil": []}[backend]
+        transforms += [T.Resize(size=(base_size, base_size))]
+        if backend == "pil":
+            transforms += [T.ToImage()]
+        transforms += [T.ToDtype(torch.float, scale=True), T.Normalize(mean=mean, std=std), T.ToPureTensor()]
+        self.transforms = T.Compose(transforms)
+
+    def __call__(self, img, target):
+        return self.transforms(img, target)
+
+
 def segmentation_collate(batch):  # references/segmentation/utils.py collate_fn (cat_list)
     images, targets = list(zip(*batch))
     return _cat_list(images, 0), _cat_list(targets, 255)

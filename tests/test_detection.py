@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.utils.data as tud
 import torchvision
-from presets import DetectionPresetTrain, SegmentationPresetTrain, detection_collate, segmentation_collate
+from presets import (DetectionPresetTrain, SegmentationPresetEval, SegmentationPresetTrain, detection_collate,
+                     segmentation_collate)
 from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -354,7 +355,18 @@ def test_segmentation_reference_preset_is_recorded_with_its_own_pad_class(voc, d
     _segmentation_side_by_side(loader, ds, device)
 
 
-def _segmentation_side_by_side(loader, ds, device):
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["tv_tensor", "pil"])
+def test_segmentation_reference_eval_preset_is_recorded(voc, device, backend):
+    """references/segmentation's v2 eval preset (a square resize of image and mask, on PIL images by
+    default): recorded, masks exactly torchvision's, images within the image path's parity."""
+    ds = _voc_segmentation(voc, SegmentationPresetEval(base_size=144, backend=backend))
+    loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device)
+    assert "recorded per sample" in loader.explain(), loader.reason
+    _segmentation_side_by_side(loader, ds, device, mask_dtype=torch.uint8)  # (the preset leaves masks as they are)
+
+
+def _segmentation_side_by_side(loader, ds, device, mask_dtype=torch.int64):
     """The loader's batches against torch's DataLoader's from the same seed (masks exactly, images within the
     image path's parity), and with 2 workers every sample once."""
     torch.manual_seed(3)
@@ -363,7 +375,7 @@ def _segmentation_side_by_side(loader, ds, device):
     theirs = list(tud.DataLoader(ds, batch_size=8, collate_fn=segmentation_collate))
     assert len(ours) == len(theirs) == 6
     for (x, m), (xt, mt) in zip(ours, theirs):
-        assert x.shape == xt.shape == (8, 3, 144, 144) and m.dtype == mt.dtype == torch.int64
+        assert x.shape == xt.shape == (8, 3, 144, 144) and m.dtype == mt.dtype == mask_dtype
         assert torch.equal(m.cpu(), mt) and (mt != 0).any()
         assert (x.cpu() - xt).abs().mean() * 0.229 * 255 < (1.0 if device == "cpu" else 3.0)
     masks = [m for _, m in DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device,
