@@ -611,6 +611,46 @@ def test_a_users_detection_dataset_is_compiled_as_torchvision_runs_it(coco, devi
     assert len(boxes) == len(ds) and sum(boxes) > 0
 
 
+class UserKeypoints(UserDetection):
+    """The same, its target also holding each box's corners as ``KeyPoints`` (torchvision >= 0.23)."""
+
+    def __getitem__(self, i):
+        path, boxes, labels = self.items[i]
+        img = Image.open(path).convert("RGB")
+        xyxy = torch.tensor(boxes, dtype=torch.float32)
+        xyxy[:, 2:] += xyxy[:, :2]
+        size = (img.height, img.width)
+        target = {"boxes": tv_tensors.BoundingBoxes(xyxy, format="XYXY", canvas_size=size),
+                  "keypoints": tv_tensors.KeyPoints(xyxy.reshape(-1, 2), canvas_size=size),
+                  "labels": torch.tensor(labels)}
+        return self.transforms(img, target)
+
+
+@pytest.mark.skipif(not hasattr(tv_tensors, "KeyPoints"), reason="this torchvision has no KeyPoints")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["tv_tensor", "pil"])
+def test_keypoints_follow_the_pixels_as_in_torchvision(coco, device, backend):
+    """KeyPoints in a user's detection target go through the ssd preset's zoom-out, IoU crop and flip with
+    the boxes: recorded, each sample's keypoints exactly torchvision's, with 2 workers every sample once."""
+    ds = UserKeypoints(coco, DetectionPresetTrain(data_augmentation="ssd", backend=backend))
+    loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert loader.backend == "dali" and "recorded per sample" in loader.explain(), loader.reason
+    assert "KeyPoints: moved" in loader.explain()
+    ours, theirs = side_by_side(ds, device)
+    moved = 0
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape
+            k, kt = ta["keypoints"], tb["keypoints"]
+            assert type(k) is type(kt) and k.dtype == kt.dtype  # (the preset ends with ToPureTensor)
+            assert torch.equal(k.cpu(), kt)
+            moved += int(kt.shape[0] > 0)
+    assert moved > 30
+    n = sum(len(t) for _, t in DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device,
+                                          num_workers=2))
+    assert n == len(ds)
+
+
 def test_a_users_detection_dataset_that_reads_pixels_or_opens_its_mask_first_runs_as_written(coco, voc):
     """What the discovery cannot stand a black image in for falls back with a reason that says why."""
     chain = DetectionPresetTrain(data_augmentation="hflip", backend="tv_tensor")
