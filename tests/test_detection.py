@@ -4,6 +4,7 @@ The graph decodes; targets are torchvision's; the joint transform runs per sampl
 kernels, so with the same random draws boxes, labels and masks are exactly torchvision's."""
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 
@@ -115,6 +116,51 @@ def test_reference_presets_same_draws_same_targets(coco, device, aug, backend):
             same_targets(ta, tb)
             ids.append(ta["image_id"])
     assert sorted(ids) == [i + 1 for i in range(48) if i % 7 != 6]  # every annotated image once
+
+
+class _GroupedBatches(tud.Sampler):
+    """A batch sampler as the detection reference's GroupedBatchSampler: batches of images of one aspect
+    group (here: two groups of indices), drawn from a shuffled sampler."""
+
+    def __init__(self, sampler, groups: list, batch_size: int):
+        self.sampler, self.groups, self.batch_size = sampler, groups, batch_size
+
+    def __iter__(self):
+        buffers: dict = {}
+        for i in self.sampler:
+            b = buffers.setdefault(self.groups[i], [])
+            b.append(i)
+            if len(b) == self.batch_size:
+                yield list(b)
+                b.clear()
+        for b in buffers.values():
+            if b:
+                yield list(b)
+
+    def __len__(self):
+        return sum(-(-sum(g == k for g in self.groups) // self.batch_size) for k in set(self.groups))
+
+
+def test_the_detection_references_grouped_batch_sampler(coco):
+    """The detection reference's loader: a batch sampler of its own (images grouped by aspect ratio) over
+    the shuffled dataset, its collate_fn, the ssd preset on PIL images: the same batches, targets exactly
+    torchvision's."""
+    ds = wrapped(coco, DetectionPresetTrain(data_augmentation="ssd", backend="pil"))
+    groups = [i % 3 == 0 for i in range(len(ds))]
+
+    def batches(cls):
+        torch.manual_seed(5)
+        loader = cls(ds, batch_sampler=_GroupedBatches(tud.RandomSampler(ds), groups, 4), collate_fn=detection_collate)
+        assert getattr(loader, "backend", "dali") == "dali", loader.reason
+        return list(loader)
+
+    ours, theirs = batches(functools.partial(DataLoader, device="cpu")), batches(tud.DataLoader)
+    assert len(ours) == len(theirs) == len(_GroupedBatches(None, groups, 4))
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        assert len(oi) == len(ti)
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape
+            same_targets(ta, tb)
 
 
 def test_images_without_annotations_as_torchvision_treats_them(coco):
