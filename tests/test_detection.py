@@ -99,6 +99,7 @@ def test_reference_presets_same_draws_same_targets(coco, device, aug, backend):
         warnings.simplefilter("error", FallbackWarning)  # recorded: nothing runs per sample after the graph
         loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device, shuffle=True)
     assert loader.backend == "dali" and "recorded per sample" in loader.explain(), loader.reason
+    assert ("on PIL images, as the dataset hands them" in loader.explain()) == (backend == "pil")
     torch.manual_seed(3)
     ours = list(loader)
     torch.manual_seed(3)

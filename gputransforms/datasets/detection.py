@@ -348,6 +348,10 @@ class DetectionSamples(FileSamples):
         if self.program is not None:
             lines = [f"  joint transform, recorded per sample in torch's worker processes (torchvision draws the "
                      f"parameters and moves the targets; the graph moves the pixels), on {', '.join(types)}:"]
+            if self.kind == "pil":
+                lines.append("  (on PIL images, as the dataset hands them: recorded on a PIL image without pixels; the "
+                             "graph's pixel arithmetic is torchvision's tensor kernels', which differ from its PIL "
+                             "kernels' by torchvision's own difference: docs/datasets.md)")
             if self.user_steps:
                 lines.append(f"  ({', '.join(self.user_steps)}: your own class(es), recorded as they ran on the first "
                              "samples, whose records did not depend on the pixel values; a sample they run "
