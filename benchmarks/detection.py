@@ -9,8 +9,9 @@ ROOT is a folder of photos (``--make-data N`` writes N ImageNet-like ones first)
 (references/detection/presets.py with ``--use-v2 --backend tv_tensor``; ``--backend pil``: the
 references' default, whose augmentations work on PIL images), on the same wrapped
 ``CocoDetection`` minus images without annotations (the reference's Subset), with the reference's
-``collate_fn``; ``seg``: the segmentation reference's train preset (``--use-v2``, base size 520, crop
-480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with its ``collate_fn``:
+``collate_fn`` (``lsj-v2``: ``lsj_v2`` below); ``seg``: the segmentation reference's train preset
+(``--use-v2``, base size 520, crop 480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with
+its ``collate_fn``:
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
 - ``gputransforms``: our DataLoader over the same dataset object, with the same arguments;
@@ -55,10 +56,27 @@ def dataset(coco: tuple, preset: str, backend: str = "tv_tensor"):
 
     from tests.presets import DetectionPresetTrain  # the reference's presets, as the tests rebuild them
 
-    ds = torchvision.datasets.CocoDetection(coco[0], coco[1], transforms=DetectionPresetTrain(
-        data_augmentation=preset, backend=backend))
+    chain = lsj_v2(backend) if preset == "lsj-v2" else DetectionPresetTrain(data_augmentation=preset, backend=backend)
+    ds = torchvision.datasets.CocoDetection(coco[0], coco[1], transforms=chain)
     ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys=["boxes", "labels", "image_id"])
     return tud.Subset(ds, [i for i, img_id in enumerate(ds.ids) if ds.coco.getAnnIds(imgIds=img_id)])
+
+
+def lsj_v2(backend: str):
+    """The reference's ``lsj`` augmentation spelt with torchvision's own v2 classes (the reference's own
+    ``FixedSizeCrop`` raises with ``--use-v2``: docs/datasets.md): ``ScaleJitter`` to 1024 x 1024, then
+    ``RandomCrop(1024, pad_if_needed=True)`` with the mean fill (it pads both sides, where FixedSizeCrop pads
+    the right and the bottom), the flip, and the preset's tail."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2 as T
+
+    head = {"tv_tensor": [T.ToImage()], "tensor": [T.PILToTensor()], "pil": []}[backend]
+    return T.Compose(head + [
+        T.ScaleJitter(target_size=(1024, 1024), antialias=True),
+        T.RandomCrop(1024, pad_if_needed=True, fill={tv_tensors.Mask: 0, "others": (123.0, 117.0, 104.0)}),
+        T.RandomHorizontalFlip(0.5)] + ([T.ToImage()] if backend == "pil" else []) + [
+        T.ToDtype(torch.float, scale=True), T.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
+        T.SanitizeBoundingBoxes(), T.ToPureTensor()])
 
 
 def voc_of(root: str) -> str:

@@ -93,6 +93,25 @@ def test_detection_benchmark_runs(indexed_folder, tmp_path):
         assert r["img_s"] > 0 and r["ttfb_s"] > 0
 
 
+def test_detection_benchmark_isolated_pil_rows_run(indexed_folder, tmp_path):
+    """--isolate (each row in a process of its own), --backend pil, the lsj-v2 preset."""
+    pytest.importorskip("pycocotools")
+    out = tmp_path / "det"
+    cmd = [sys.executable, "-m", "benchmarks.detection", str(indexed_folder), "--presets", "lsj-v2", "--backend", "pil",
+           "--isolate", "--pipelines", "torchvision,gputransforms", "--batch-size", "2", "--images", "4",
+           "--workers", "1", "--threads", "1", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads((out / "detection.json").read_text())
+    assert data["info"]["backend"] == "pil"
+    rows = {(r["preset"], r["pipeline"]): r for r in data["rows"]}
+    assert set(rows) == {("lsj-v2", "torchvision"), ("lsj-v2", "gputransforms")}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["backend"] == "pil"
+    assert rows[("lsj-v2", "torchvision")]["x_torchvision"] == 1.0
+
+
 def test_train_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "train"
     cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", "mobilenet_v3_small", "--chains", "train",
