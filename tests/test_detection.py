@@ -528,7 +528,8 @@ class _BlurSomeWidths(v2.Transform):
         self.odd = odd
 
     def transform(self, inpt, params):
-        if isinstance(inpt, tv_tensors.Image) and inpt.shape[-1] % 2 == self.odd:
+        if isinstance(inpt, tv_tensors.Image) and inpt.shape[-1] % 2 == self.odd or \
+                isinstance(inpt, Image.Image) and inpt.width % 2 == self.odd:
             return v2.functional.gaussian_blur(inpt, [3, 3])
         return inpt
 
@@ -544,18 +545,18 @@ def test_a_users_class_that_reads_the_pixels_runs_as_written(voc):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_sample_the_recording_cannot_take_runs_as_written(voc, device):
+@pytest.mark.parametrize("on", ["tensors", "pil"])
+def test_a_sample_the_recording_cannot_take_runs_as_written(voc, device, on):
     """The probe's sample records; the others call gaussian_blur (which the graph lacks) where their width
-    after a random resize has the other parity: each of those runs as written, from the random state
-    before its recording (the resize's draw made again)."""
-    from PIL import Image
-
+    after a random resize has the other parity: each of those runs as written (on the PIL image where the
+    chain works on PIL images), from the random state before its recording (the resize's draw made again)."""
     torch.manual_seed(0)  # the probe's random state: its sample's width after the resize
     first = v2.RandomResize(40, 80)(tv_tensors.Image(torch.from_numpy(np.asarray(Image.open(
         torchvision.datasets.VOCSegmentation(str(voc), year="2012", image_set="train").images[0]))).permute(2, 0, 1)))
     widths = [first.shape[-1]]
-    chain = v2.Compose([v2.ToImage(), v2.RandomResize(40, 80), _BlurSomeWidths(1 - widths[0] % 2),
-                        v2.RandomHorizontalFlip(), v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True)])
+    steps = [v2.RandomResize(40, 80), _BlurSomeWidths(1 - widths[0] % 2), v2.RandomHorizontalFlip(), v2.CenterCrop(48)]
+    chain = v2.Compose([v2.ToImage()] + steps + [v2.ToDtype(torch.float32, scale=True)] if on == "tensors" else
+                       steps + [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True)])
     ds = _voc_segmentation(voc, chain)
     torch.manual_seed(0)
     loader = DataLoader(ds, batch_size=8, device=device)
