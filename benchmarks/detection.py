@@ -14,7 +14,8 @@ references' default, whose augmentations work on PIL images), on the same wrappe
 its ``collate_fn``:
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
-- ``gputransforms``: our DataLoader over the same dataset object, with the same arguments;
+- ``gputransforms``: our DataLoader over the same dataset object, with the same arguments
+  (``gputransforms-pf2``: and ``prefetch_factor=2``);
 - ``dali-handwritten`` (GPU only, ``ssd``): DALI's SSD example pipeline: ``readers.coco`` +
   ``random_bbox_crop`` + ``decoders.image_slice`` + ``bb_flip`` + ``resize`` to 300 +
   ``crop_mirror_normalize`` (not the same augmentation as torchvision's preset: a reference point);
@@ -261,8 +262,11 @@ def main(argv=None):
                 elif name.startswith("gputransforms"):
                     from gputransforms import DataLoader
 
-                    # the torchvision row's arguments (only the import changes); -pin: pin_memory=True as well
+                    # the torchvision row's arguments (only the import changes); -pin: pin_memory=True as well;
+                    # -pf2: prefetch_factor=2 (DALI prepares 2 batches ahead instead of 4: less device memory)
                     extra = dict(pin_memory="-pin" in name, persistent_workers=a.workers > 0)
+                    if "-pf2" in name:
+                        extra["prefetch_factor"] = 2
 
                     # num_workers as the user gives it to torch's loader (only the import changes); where the
                     # chain compiles, DALI's threads (a.threads below 8 workers) are set apart
