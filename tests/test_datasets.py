@@ -386,6 +386,43 @@ def test_discovery_intercepts_only_its_own_thread_and_restores_pil(flat_folder):
     assert len(mine.sizes) == len(mine) and set(mine.sizes) == {Image.open(mine.other).size}
 
 
+class WithoutConvert(TutorialDataset):
+    """Hands its transform the image as PIL opens it (no convert("RGB"))."""
+
+    def __getitem__(self, i):
+        name, *labels = self.rows[i]
+        return self.transform(Image.open(os.path.join(self.root, name))), torch.tensor([int(v) for v in labels])
+
+
+@pytest.mark.parametrize("grey", [False, True])
+def test_a_dataset_without_convert_compiles_only_where_its_files_open_as_rgb(flat_folder, tmp_path, grey):
+    """Without convert("RGB") torchvision's transform gets each file in the mode PIL opens it in: a folder of
+    RGB photos compiles; one with a grey JPEG among them runs on torch's DataLoader, naming that file (the
+    graph decodes RGB: its batches had three channels where torchvision's have one). Either way the batches
+    are torchvision's, and PIL's open and convert are PIL's again after the probe."""
+    import shutil
+
+    root = tmp_path / "images"
+    shutil.copytree(flat_folder / "images", root)
+    if grey:
+        Image.open(root / "image_00003.jpg").convert("L").save(root / "image_00003.jpg")
+    mine = WithoutConvert(root, flat_folder / "labels.txt", T.Compose([T.Resize(24), T.CenterCrop(24), T.ToTensor()]))
+    real = Image.open, Image.Image.convert
+    if grey:
+        with pytest.warns(FallbackWarning, match="image_00003.jpg opens in mode L.*convert the image to RGB"):
+            loader = DataLoader(mine, batch_size=1, device="cpu")
+    else:
+        loader = DataLoader(mine, batch_size=1, device="cpu")
+    assert (Image.open, Image.Image.convert) == real
+    assert loader.backend == ("torchvision" if grey else "dali"), loader.reason
+    shapes = []
+    for (x, y), (xt, yt) in zip(loader, tud.DataLoader(mine, batch_size=1)):  # (one a batch: the grey one has
+        assert x.shape == xt.shape and torch.equal(y, yt)                   # one channel, the others three)
+        assert (x - xt).abs().mean() < 1 / 255
+        shapes.append(x.shape[1])
+    assert len(shapes) == len(mine) and shapes.count(1) == int(grey)
+
+
 def test_image_list_formats(tmp_path, flat_folder):
     src = sorted((flat_folder / "images").glob("*.jpg"))[:3]
     csv = tmp_path / "list.csv"

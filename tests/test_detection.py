@@ -699,6 +699,37 @@ def test_keypoints_follow_the_pixels_as_in_torchvision(coco, device, backend):
     assert n == len(ds)
 
 
+class UserDetectionAsOpened(UserDetection):
+    """The same, its image handed over as PIL opens it (no convert("RGB"))."""
+
+    def __getitem__(self, i):
+        path, boxes, labels = self.items[i]
+        img = Image.open(path)
+        target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYWH", canvas_size=(img.height, img.width)),
+                  "labels": torch.tensor(labels)}
+        return self.transforms(img, target)
+
+
+@pytest.mark.parametrize("backend", ["tv_tensor", "pil"])
+def test_a_users_detection_dataset_with_a_grey_file_it_does_not_convert_runs_as_written(coco, tmp_path, backend):
+    """Without convert("RGB") torchvision's transform gets a grey JPEG in mode L (one channel): such a Dataset
+    runs on torch's DataLoader, naming the file, and gives torchvision's batches (the graph decodes RGB); with
+    RGB files only it compiles."""
+    import shutil
+
+    ds = UserDetectionAsOpened(coco, DetectionPresetTrain(data_augmentation="hflip", backend=backend))
+    assert DataLoader(ds, batch_size=4, collate_fn=detection_collate, device="cpu").backend == "dali"
+    grey = tmp_path / "grey.jpg"
+    Image.open(ds.items[2][0]).convert("L").save(grey)
+    shutil.copy(ds.items[0][0], tmp_path / "rgb.jpg")
+    ds.items = [(str(grey),) + ds.items[2][1:], (str(tmp_path / "rgb.jpg"),) + ds.items[0][1:]]
+    with pytest.warns(FallbackWarning, match="in mode L, as PIL opens .*grey.jpg"):
+        loader = DataLoader(ds, batch_size=1, collate_fn=detection_collate, device="cpu")
+    assert loader.backend == "torchvision"
+    ours, theirs = side_by_side(ds, "cpu", batch_size=1)
+    assert [b[0][0].shape[0] for b in ours] == [b[0][0].shape[0] for b in theirs] == [1, 3]
+
+
 def test_a_users_detection_dataset_that_reads_pixels_or_opens_its_mask_first_runs_as_written(coco, voc):
     """What the discovery cannot stand a black image in for falls back with a reason that says why."""
     chain = DetectionPresetTrain(data_augmentation="hflip", backend="tv_tensor")

@@ -30,9 +30,13 @@ from ..errors import NotCompilable
 
 _local = threading.local()
 _lock = threading.Lock()
-_installed = [0, None]  # users of the interception, the real PIL.Image.open
+_installed = [0, None, None]  # users of the interception, the real PIL.Image.open and Image.convert
 _SIZE = (23, 17)  # the placeholder: a size and pattern no user code produces by chance
 _OPENED = "gputransforms: opened"  # a sized placeholder's place among the opens of its sample
+#: in a placeholder's info: True while it is the image as PIL opened it, False once converted to RGB (PIL's
+#: copies and conversions keep the info): a file opened in another mode (grey, RGBA, CMYK, a palette) and
+#: handed over without the conversion reaches the transform in that mode
+_AS_OPENED = "gputransforms: as opened"
 
 
 #: what to do instead, when the dataset's files cannot be found by running its __getitem__
@@ -95,14 +99,25 @@ def _open(fp, *args, **kwargs):
         with _installed[1](path) as real:
             if len(calls) == 1:
                 _local.first_size = real.size
-                black = Image.new("RGB", real.size)
-            else:  # a second file stands as itself, black: its mode, its size
-                black = Image.new(real.mode, real.size)
-                if real.mode == "P" and real.getpalette() is not None:
-                    black.putpalette(real.getpalette())
+            # black, in the file's own mode (an image the code does not convert to RGB is refused: the graph
+            # decodes RGB), and its size
+            black = Image.new(real.mode, real.size)
+            if real.mode == "P" and real.getpalette() is not None:
+                black.putpalette(real.getpalette())
             black.info[_OPENED] = len(calls)  # which open it came from (PIL's copy and convert keep it)
             return black
-    return placeholder()
+    img = placeholder()
+    img.info[_AS_OPENED] = True
+    return img
+
+
+def _convert(self, *args, **kwargs):
+    """``Image.convert`` during a probe: a placeholder converted to RGB is marked so (``_AS_OPENED``)."""
+    out = _installed[2](self, *args, **kwargs)
+    mode = args[0] if args else kwargs.get("mode")
+    if getattr(_local, "calls", None) is not None and mode == "RGB" and self.info.get(_AS_OPENED):
+        out.info[_AS_OPENED] = False
+    return out
 
 
 class _intercept:
@@ -117,8 +132,8 @@ class _intercept:
     def __enter__(self):
         with _lock:
             if _installed[0] == 0:
-                _installed[1] = Image.open
-                Image.open = _open
+                _installed[1], _installed[2] = Image.open, Image.Image.convert
+                Image.open, Image.Image.convert = _open, _convert
             _installed[0] += 1
         _local.calls = []
         _local.sized, _local.rest, _local.first_size = self.sized, self.rest, None
@@ -130,7 +145,7 @@ class _intercept:
         with _lock:
             _installed[0] -= 1
             if _installed[0] == 0 and Image.open is _open:
-                Image.open = _installed[1]
+                Image.open, Image.Image.convert = _installed[1], _installed[2]
 
 
 class Recorder:
@@ -179,7 +194,7 @@ def discover(ds):
         recorder = Recorder()
         setattr(probe, attr, recorder)
         getitem = type(ds).__getitem__
-        paths, targets = [], []
+        paths, targets, as_opened = [], [], []
         with _intercept() as calls:
             for i in range(n):
                 del calls[:]
@@ -194,9 +209,29 @@ def discover(ds):
                     raise _Undiscoverable(f"{what} (on a placeholder, index {i}: {type(e).__name__}: {e})") from None
                 paths.append(_check(i, calls, recorder, out, attr))
                 targets.append(out[1])
+                if recorder.seen[0].info.get(_AS_OPENED):
+                    as_opened.append(paths[-1])
+        _opened_as_rgb(as_opened, attr)
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
     return paths, targets, chain
+
+
+def _opened_as_rgb(paths: list, attr: str) -> None:
+    """The files a dataset hands to its transform as PIL opens them (no ``convert("RGB")``) must open as RGB,
+    as the graph decodes them: their headers are read (a grey, RGBA, CMYK or palette file reaches torchvision's
+    transform in that mode)."""
+    for path in paths:
+        try:
+            with Image.open(path) as img:
+                mode = img.mode
+        except Exception:  # noqa: BLE001 - not an image PIL opens: the loader says so when it reads it
+            continue
+        if mode != "RGB":
+            raise _Undiscoverable(f"hands self.{attr} its image as PIL opens it, and {path} opens in mode {mode} "
+                                  "(torchvision's transform gets it so; the graph decodes RGB)",
+                                  "to compile it, convert the image to RGB as torchvision's ImageFolder does "
+                                  "(Image.open(path).convert(\"RGB\"))")
 
 
 def _length(ds, name: str) -> int:
@@ -357,6 +392,11 @@ def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool
     if isinstance(img, Image.Image) and img.info.get(_OPENED, 1) != 1:
         raise _Undiscoverable("opens another file before its image (open the image first: the other files are "
                               "read as they are, the first one is the image the graph decodes)")
+    if isinstance(img, Image.Image) and img.mode != "RGB" and img.size == _local.first_size and \
+            img.info.get(_OPENED, 1) == 1:
+        raise _Undiscoverable(f"hands self.transforms its image in mode {img.mode}, as PIL opens {calls[0]} "
+                              "(torchvision's transform gets it so; the graph decodes RGB)",
+                              "to compile it, convert the image to RGB (Image.open(path).convert(\"RGB\"))")
     if not (isinstance(img, Image.Image) and img.mode == "RGB" and img.size == _local.first_size and
             (not pixels or img.getbbox() is None)):
         raise _Undiscoverable("changes the image between opening it and self.transforms (a crop, a resize, a mode "
