@@ -156,6 +156,45 @@ def test_exif_orientation_as_datasets_decodes_it(photo_folder):
         assert ((o["x"] - t["x"]).abs() * 255).mean() < 1.0
 
 
+PLAIN = T.Compose([T.Resize(72), T.CenterCrop(64), T.ToTensor()])
+
+
+def preprocess_as_decoded(batch):  # no .convert("RGB"): each image in the mode datasets decodes it in
+    batch["pixel_values"] = [PLAIN(image) for image in batch["image"]]
+    return batch
+
+
+@pytest.mark.parametrize("grey", [False, True])
+def test_images_handed_over_without_convert_compile_only_where_they_are_rgb(photo_folder, grey):
+    """Without .convert("RGB") torchvision's transform gets each image in the mode datasets decodes it in: a
+    table of RGB photos compiles; one with a grey JPEG runs on torch's DataLoader, naming the row (the graph
+    decodes RGB: it gave three channels where torchvision's transform gives one); the batches are
+    torchvision's either way, and with the conversion the grey table compiles."""
+    paths, labels, classes = _files(photo_folder)
+    blobs = [open(p, "rb").read() for p in paths[:6]]
+    if grey:
+        buf = io.BytesIO()
+        Image.open(io.BytesIO(blobs[4])).convert("L").save(buf, "JPEG")
+        blobs[4] = buf.getvalue()
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
+    table = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in blobs], "label": labels[:6]},
+                                       features=feats)
+    ds = table.with_transform(preprocess_as_decoded)
+    if grey:
+        with pytest.warns(FallbackWarning, match="row 4 is in mode L.*convert each image to RGB"):
+            loader = DataLoader(ds, batch_size=1, collate_fn=collate_fn, device="cpu")
+    else:
+        loader = DataLoader(ds, batch_size=1, collate_fn=collate_fn, device="cpu")
+    assert loader.backend == ("torchvision" if grey else "dali"), loader.reason
+    ours, theirs = list(loader), list(tud.DataLoader(ds, batch_size=1, collate_fn=collate_fn))
+    assert [b["pixel_values"].shape[1] for b in ours] == [b["pixel_values"].shape[1] for b in theirs] == \
+        [3, 3, 3, 3, 1 if grey else 3, 3]
+    for a, b in zip(ours, theirs):
+        assert (a["pixel_values"] - b["pixel_values"]).abs().mean() < 0.02
+    assert DataLoader(table.with_transform(preprocess_eval), batch_size=1, collate_fn=collate_fn,
+                      device="cpu").backend == "dali"
+
+
 def test_a_bad_image_is_named(table):
     bad = table.select(range(8)).to_dict()
     bad["image"][5] = {"bytes": b"\xff\xd8 not a jpeg at all", "path": None}

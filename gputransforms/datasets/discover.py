@@ -106,9 +106,26 @@ def _open(fp, *args, **kwargs):
                 black.putpalette(real.getpalette())
             black.info[_OPENED] = len(calls)  # which open it came from (PIL's copy and convert keep it)
             return black
+    return opened_placeholder()
+
+
+def opened_placeholder() -> Image.Image:
+    """The placeholder as a probe's ``PIL.Image.open`` hands it out: marked as opened, not yet converted to RGB
+    (``as_opened``, while ``watching()``)."""
     img = placeholder()
     img.info[_AS_OPENED] = True
     return img
+
+
+def as_opened(img) -> bool:
+    """Whether an opened placeholder reached the code under study without ``convert("RGB")``."""
+    return bool(getattr(img, "info", {}).get(_AS_OPENED))
+
+
+def watching():
+    """A probe for this thread: ``PIL.Image.open`` records and answers a placeholder, ``Image.convert``
+    marks an opened placeholder converted to RGB (``_intercept``)."""
+    return _intercept()
 
 
 def _convert(self, *args, **kwargs):
@@ -194,7 +211,7 @@ def discover(ds):
         recorder = Recorder()
         setattr(probe, attr, recorder)
         getitem = type(ds).__getitem__
-        paths, targets, as_opened = [], [], []
+        paths, targets, unconverted = [], [], []
         with _intercept() as calls:
             for i in range(n):
                 del calls[:]
@@ -209,9 +226,9 @@ def discover(ds):
                     raise _Undiscoverable(f"{what} (on a placeholder, index {i}: {type(e).__name__}: {e})") from None
                 paths.append(_check(i, calls, recorder, out, attr))
                 targets.append(out[1])
-                if recorder.seen[0].info.get(_AS_OPENED):
-                    as_opened.append(paths[-1])
-        _opened_as_rgb(as_opened, attr)
+                if as_opened(recorder.seen[0]):
+                    unconverted.append(paths[-1])
+        _opened_as_rgb(unconverted, attr)
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
     return paths, targets, chain

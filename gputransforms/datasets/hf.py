@@ -31,7 +31,7 @@ from .. import files
 from ..device import to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
-from .discover import Recorder, is_placeholder, is_transform, placeholder
+from .discover import Recorder, as_opened, is_placeholder, is_transform, opened_placeholder, watching
 
 _ADVICE = ("to compile it, give the dataset ds.with_transform(fn) where fn sets batch[key] = "
            "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
@@ -82,13 +82,14 @@ def _probe(fn, row: dict, column: str):
     chain = next(iter(chains.values()))
     recorder = Recorder()
     batch = {k: [v] for k, v in row.items()}
-    batch[column] = [placeholder()]
+    batch[column] = [opened_placeholder()]
     inputs = {k: batch[k] for k in batch}
     with _lock:
         for _, put in slots:
             put(recorder)
         try:
-            out = fn(batch)
+            with watching():  # (whether it converts the image to RGB)
+                out = fn(batch)
         except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
             raise NotCompilable(f"the format transform {fn.__name__} does something to the image before or after "
                                 f"its transform (on a placeholder: {type(e).__name__}: {e})", _ADVICE) from None
@@ -113,7 +114,7 @@ def _probe(fn, row: dict, column: str):
     if len(keys) != 1:
         raise NotCompilable(f"the format transform {fn.__name__} puts the transformed images under {len(keys)} keys",
                             _ADVICE)
-    return chain, keys[0], mapping, list(out)
+    return chain, keys[0], mapping, list(out), as_opened(seen[0])
 
 
 def _has_exif(data: bytes) -> bool:
@@ -331,9 +332,30 @@ def resolve_hf(ds) -> HFSamples:
     others = [c for c in wanted if c != column]
     first = {c: v for c, v in plain.select_columns(others)[0].items()} if len(ds) else {}
     first[column] = None
-    chain, key, mapping, order = _probe(fmt["format_kwargs"]["transform"], {c: first[c] for c in wanted}, column)
+    fn = fmt["format_kwargs"]["transform"]
+    chain, key, mapping, order, unconverted = _probe(fn, {c: first[c] for c in wanted}, column)
     needed = sorted({s for s in mapping.values() if s != column})
     rows = plain.select_columns(needed)[:] if needed else {}
-    return HFSamples(ds, column, chain, key, mapping, order, rows,
-                     f"{len(ds)} rows of a Hugging Face dataset: column {column!r}'s encoded images from Arrow, "
-                     f"items as {fmt['format_kwargs']['transform'].__name__} makes them (datasets/hf.py)")
+    samples = HFSamples(ds, column, chain, key, mapping, order, rows,
+                        f"{len(ds)} rows of a Hugging Face dataset: column {column!r}'s encoded images from Arrow, "
+                        f"items as {fn.__name__} makes them (datasets/hf.py)")
+    if unconverted:
+        _decoded_as_rgb(samples, fn.__name__)
+    return samples
+
+
+def _decoded_as_rgb(samples: HFSamples, fn: str) -> None:
+    """A format transform that hands its transform the image as ``datasets`` decodes it (no
+    ``.convert("RGB")``): every row's image must open as RGB, as the graph decodes it (its header is read)."""
+    for i in range(len(samples.paths)):
+        try:
+            data, name = samples._encoded(i)
+            with Image.open(io.BytesIO(data)) as img:
+                mode = img.mode
+        except Exception:  # noqa: BLE001 - not an image PIL opens: the loader says so when it reads it
+            continue
+        if mode != "RGB":
+            raise NotCompilable(f"the format transform {fn} hands its transform the image as datasets decodes it, "
+                                f"and {name} is in mode {mode} (torchvision's transform gets it so; the graph "
+                                "decodes RGB)", "to compile it, convert each image to RGB: "
+                                "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
