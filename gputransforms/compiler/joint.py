@@ -166,7 +166,7 @@ def _recording_kernel(functional, registered):
         a = _bound(real, inpt, args, kwargs)
         pil = isinstance(inpt, PIL.Image.Image)
         if pil:
-            a = _as_pil_does(name, a, inpt)
+            a = _as_pil_does(name, a)
         before = _shape(inpt)
         shape, dtype = _shape_after(name, before, torch.uint8 if pil else inpt.dtype, a)
         return rec.stand_in(inpt, shape, dtype, ops + [(name, a, before[-2:])])
@@ -174,16 +174,22 @@ def _recording_kernel(functional, registered):
     return kernel
 
 
-def _as_pil_does(name: str, a: dict, image: PIL.Image.Image) -> dict:
+def _as_pil_does(name: str, a: dict) -> dict:
     """A PIL kernel's arguments as it applies them: it always antialiases a resize, and pads with the fill
-    truncated to integers."""
-    from torchvision.transforms import _functional_pil as FP
-
+    truncated to integers (``pil_fill``)."""
     if name == "resize":
         return dict(a, antialias=True)
     if name == "pad" and a.get("padding_mode", "constant") == "constant":
-        return dict(a, fill=FP._parse_fill(a["fill"], image, name="fill")["fill"])
+        return dict(a, fill=pil_fill(a["fill"]))
     return a
+
+
+def pil_fill(fill):
+    """What PIL's pad of an RGB image writes for ``fill``: one integer per channel, each truncated
+    (torchvision's ``_parse_fill``)."""
+    from torchvision.transforms import _functional_pil as FP
+
+    return FP._parse_fill(fill, _pil_stand_in((1, 1)), name="fill")["fill"]
 
 
 def _converting(original, like):

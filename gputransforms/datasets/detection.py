@@ -479,9 +479,7 @@ def _user_steps(steps: list) -> list:
 
 def _uint8_fill(fill, kind: str) -> tuple:
     """The uint8 values a pad writes for ``fill`` (PIL's kernel first truncates it to integers)."""
-    if kind == "pil" and fill is not None:
-        fill = tuple(int(v) for v in fill) if isinstance(fill, (list, tuple)) else int(fill)
-    return recorded.uint8_fill(fill)
+    return recorded.uint8_fill(recorded.pil_fill(fill) if kind == "pil" else fill)
 
 
 def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:

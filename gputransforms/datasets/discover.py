@@ -22,6 +22,7 @@ import copy
 import os
 import threading
 import weakref
+from typing import Optional
 
 from PIL import Image
 
@@ -234,21 +235,30 @@ def discover(ds):
     return paths, targets, chain
 
 
-def _opened_as_rgb(paths: list, attr: str) -> None:
-    """The files a dataset hands to its transform as PIL opens them (no ``convert("RGB")``) must open as RGB,
-    as the graph decodes them: their headers are read (a grey, RGBA, CMYK or palette file reaches torchvision's
-    transform in that mode)."""
-    for path in paths:
+def first_not_rgb(images) -> Optional[tuple]:
+    """Of ``images`` ((name, what ``PIL.Image.open`` takes) pairs), the first (name, mode) whose header is not
+    RGB, or None. An image handed to a transform as PIL opens it (no ``convert("RGB")``) reaches torchvision's
+    transform in its own mode (grey, RGBA, CMYK, a palette), where the graph decodes RGB. One PIL cannot open
+    is passed over: the loader names it when it reads it."""
+    for name, source in images:
         try:
-            with Image.open(path) as img:
+            with Image.open(source) as img:
                 mode = img.mode
-        except Exception:  # noqa: BLE001 - not an image PIL opens: the loader says so when it reads it
+        except Exception:  # noqa: BLE001 - see above
             continue
         if mode != "RGB":
-            raise _Undiscoverable(f"hands self.{attr} its image as PIL opens it, and {path} opens in mode {mode} "
-                                  "(torchvision's transform gets it so; the graph decodes RGB)",
-                                  "to compile it, convert the image to RGB as torchvision's ImageFolder does "
-                                  "(Image.open(path).convert(\"RGB\"))")
+            return name, mode
+    return None
+
+
+def _opened_as_rgb(paths: list, attr: str) -> None:
+    """The files a dataset hands to its transform as PIL opens them must open as RGB (``first_not_rgb``)."""
+    bad = first_not_rgb((p, p) for p in paths)
+    if bad is not None:
+        raise _Undiscoverable(f"hands self.{attr} its image as PIL opens it, and {bad[0]} opens in mode {bad[1]} "
+                              "(torchvision's transform gets it so; the graph decodes RGB)",
+                              "to compile it, convert the image to RGB as torchvision's ImageFolder does "
+                              "(Image.open(path).convert(\"RGB\"))")
 
 
 def _length(ds, name: str) -> int:
@@ -409,8 +419,7 @@ def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool
     if isinstance(img, Image.Image) and img.info.get(_OPENED, 1) != 1:
         raise _Undiscoverable("opens another file before its image (open the image first: the other files are "
                               "read as they are, the first one is the image the graph decodes)")
-    if isinstance(img, Image.Image) and img.mode != "RGB" and img.size == _local.first_size and \
-            img.info.get(_OPENED, 1) == 1:
+    if isinstance(img, Image.Image) and img.mode != "RGB" and img.size == _local.first_size:
         raise _Undiscoverable(f"hands self.transforms its image in mode {img.mode}, as PIL opens {calls[0]} "
                               "(torchvision's transform gets it so; the graph decodes RGB)",
                               "to compile it, convert the image to RGB (Image.open(path).convert(\"RGB\"))")

@@ -31,7 +31,8 @@ from .. import files
 from ..device import to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
-from .discover import Recorder, as_opened, is_placeholder, is_transform, opened_placeholder, watching
+from .discover import Recorder, as_opened, first_not_rgb, is_placeholder, is_transform, opened_placeholder, \
+    watching
 
 _ADVICE = ("to compile it, give the dataset ds.with_transform(fn) where fn sets batch[key] = "
            "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
@@ -346,16 +347,18 @@ def resolve_hf(ds) -> HFSamples:
 
 def _decoded_as_rgb(samples: HFSamples, fn: str) -> None:
     """A format transform that hands its transform the image as ``datasets`` decodes it (no
-    ``.convert("RGB")``): every row's image must open as RGB, as the graph decodes it (its header is read)."""
-    for i in range(len(samples.paths)):
-        try:
-            data, name = samples._encoded(i)
-            with Image.open(io.BytesIO(data)) as img:
-                mode = img.mode
-        except Exception:  # noqa: BLE001 - not an image PIL opens: the loader says so when it reads it
-            continue
-        if mode != "RGB":
-            raise NotCompilable(f"the format transform {fn} hands its transform the image as datasets decodes it, "
-                                f"and {name} is in mode {mode} (torchvision's transform gets it so; the graph "
-                                "decodes RGB)", "to compile it, convert each image to RGB: "
-                                "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
+    ``.convert("RGB")``): every row's image must open as RGB (``discover.first_not_rgb``)."""
+    def rows():
+        for i in range(len(samples.paths)):
+            try:
+                data, name = samples._encoded(i)
+            except files.BadSampleError:  # (the loader names it when it reads it)
+                continue
+            yield name, io.BytesIO(data)
+
+    bad = first_not_rgb(rows())
+    if bad is not None:
+        raise NotCompilable(f"the format transform {fn} hands its transform the image as datasets decodes it, "
+                            f"and {bad[0]} is in mode {bad[1]} (torchvision's transform gets it so; the graph "
+                            "decodes RGB)", "to compile it, convert each image to RGB: "
+                            "[transform(img.convert('RGB')) for img in batch[image_column]] (docs/datasets.md)")
