@@ -50,6 +50,26 @@ def test_pieces_come_back_as_they_went():
     rings.close()
 
 
+def test_held_pieces_are_read_where_they_are_until_released():
+    """unstash(hold=True): an encoded file comes back as a view of the ring (DALI reads it there) and the
+    ring is not marked read, so the worker cannot write over it, until release(); a pickled target is
+    loaded at once either way."""
+    rings = arena.Rings(1, size=4 * arena.LARGE)
+    pieces = [_piece(arena.LARGE + 100, k) for k in range(3)]
+    target = ArraysApart.dumps({"masks": np.ones((8, arena.LARGE // 8), np.uint8)})
+    sent = [rings.stash(0, 1, [p])[0] for p in pieces[:2]] + [rings.stash(0, 1, [target])[0]]
+    assert all(_in_ring(s) for s in sent)
+    back, marks = rings.unstash(sent, hold=True)
+    assert np.array_equal(back[0], pieces[0]) and np.array_equal(back[1], pieces[1])
+    assert np.shares_memory(back[0], np.frombuffer(rings.maps[0], np.uint8))  # no copy
+    assert back[2]["masks"].sum() == arena.LARGE
+    assert not _in_ring(rings.stash(0, 1, [pieces[2]])[0])  # still held: no room
+    rings.release(marks)
+    assert _in_ring(rings.stash(0, 1, [pieces[2]])[0])
+    del back
+    rings.close()
+
+
 def test_the_ring_wraps_and_a_piece_without_room_takes_the_pipe():
     rings = arena.Rings(1, size=8 * arena.LARGE)
     pieces = [_piece(arena.LARGE + 1000, k) for k in range(12)]
@@ -120,7 +140,7 @@ def test_a_loaders_workers_hand_over_through_the_rings_as_through_the_pipe(voc, 
     # every piece from 1 KB on through small rings (wrapping, some pieces through the pipe), against none
     ring_out, taken = epochs(LARGE=1024, RING=256 * 1024)
     pipe_out, none = epochs(LARGE=1024, RING=0)
-    assert taken > 100 and none == 0
+    assert taken > 50 and none == 0
     for ours, theirs in zip(ring_out, pipe_out):
         assert len(ours) == len(theirs) == 6
         for (x, m), (xp, mp) in zip(ours, theirs):

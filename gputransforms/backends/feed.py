@@ -276,6 +276,7 @@ class ProcessDecoders:
                                  num_workers=workers, collate_fn=_identity, timeout=timeout, generator=gen, **more)
         # when the slot goes (the loader closed or dropped), its workers go at once (_stop_workers)
         self.paths = samples.paths
+        self.lookahead = lookahead  # batches fed ahead of the one DALI runs (the slot's callback keeps as many)
         self.close = weakref.finalize(self, _stop_workers, self.dl, self.rings)
 
     def epoch(self, batches, seed: Optional[int] = None):
@@ -330,6 +331,8 @@ class ProcessEpochFeed(EpochFeed):
         self.skipped = skipped
         self.error: Optional[Exception] = None
         self.decoders = decoders
+        # per batch fed, how far each ring may be marked read once DALI no longer reads its files there
+        self.held: collections.deque = collections.deque()
         self.it = decoders.epoch(batches, seed)
 
     def pending(self) -> list:
@@ -349,8 +352,15 @@ class ProcessEpochFeed(EpochFeed):
                 items = list(first)
                 for _ in range(self.decoders.flat.chunks(len(batch)) - 1):
                     items += next(self.it)
-                if self.decoders.rings:
-                    items = self.decoders.rings.unstash(items)
+                rings = self.decoders.rings
+                if rings:
+                    # the encoded files are fed where the workers wrote them (the pipeline is built with
+                    # no_copy): their space is freed ``lookahead`` batches later, when the slot's callback
+                    # lets go of them too
+                    items, marks = rings.unstash(items, hold=True)
+                    self.held.append(marks)
+                    while len(self.held) > self.decoders.lookahead:
+                        rings.release(self.held.popleft())
             except (RuntimeError, ConnectionError, EOFError) as e:  # a worker died, or timeout= passed
                 batch = batch or (pulled[0] if pulled else None)
                 if not isinstance(e, RuntimeError):  # it died while handing over a sample (torch's fd share)
