@@ -9,7 +9,8 @@ ROOT is a folder of photos (``--make-data N`` writes N ImageNet-like ones first)
 (references/detection/presets.py with ``--use-v2 --backend tv_tensor``; ``--backend pil``: the
 references' default, whose augmentations work on PIL images), on the same wrapped
 ``CocoDetection`` minus images without annotations (the reference's Subset), with the reference's
-``collate_fn`` (``lsj-v2``: ``lsj_v2`` below); ``seg``: the segmentation reference's train preset
+``collate_fn`` (``lsj-v2``: ``lsj_v2`` below; ``ssd-nocolour``: ``ssd`` without its
+RandomPhotometricDistort, ``ssd-colouronly``: without its zoom-out and IoU crop); ``seg``: the segmentation reference's train preset
 (``--use-v2``, base size 520, crop 480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with
 its ``collate_fn``:
 
@@ -57,7 +58,16 @@ def dataset(coco: tuple, preset: str, backend: str = "tv_tensor"):
 
     from tests.presets import DetectionPresetTrain  # the reference's presets, as the tests rebuild them
 
-    chain = lsj_v2(backend) if preset == "lsj-v2" else DetectionPresetTrain(data_augmentation=preset, backend=backend)
+    base, _, part = preset.partition("-")
+    if base == "ssd" and part in ("nocolour", "colouronly"):  # what the ssd preset's colour block costs
+        chain = DetectionPresetTrain(data_augmentation="ssd", backend=backend)
+        from torchvision.transforms import v2 as T
+
+        dropped = (T.RandomPhotometricDistort,) if part == "nocolour" else (T.RandomZoomOut, T.RandomIoUCrop)
+        chain.transforms.transforms = [t for t in chain.transforms.transforms if not isinstance(t, dropped)]
+    else:
+        chain = lsj_v2(backend) if preset == "lsj-v2" else DetectionPresetTrain(data_augmentation=preset,
+                                                                                  backend=backend)
     ds = torchvision.datasets.CocoDetection(coco[0], coco[1], transforms=chain)
     ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys=["boxes", "labels", "image_id"])
     return tud.Subset(ds, [i for i, img_id in enumerate(ds.ids) if ds.coco.getAnnIds(imgIds=img_id)])

@@ -81,13 +81,13 @@ def test_train_benchmark_isolated_epochs_run(indexed_folder, tmp_path):
 def test_detection_benchmark_runs(indexed_folder, tmp_path):
     pytest.importorskip("pycocotools")
     out = tmp_path / "det"
-    cmd = [sys.executable, "-m", "benchmarks.detection", str(indexed_folder), "--presets", "ssdlite,hflip",
+    cmd = [sys.executable, "-m", "benchmarks.detection", str(indexed_folder), "--presets", "ssdlite,hflip,ssd-nocolour",
            "--pipelines", "torchvision,gputransforms", "--batch-size", "4", "--images", "8", "--workers", "1",
            "--threads", "1", "--out", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {(r["preset"], r["pipeline"]): r for r in json.loads((out / "detection.json").read_text())["rows"]}
-    assert set(rows) == {(p, n) for p in ("ssdlite", "hflip") for n in ("torchvision", "gputransforms")}
+    assert set(rows) == {(p, n) for p in ("ssdlite", "hflip", "ssd-nocolour") for n in ("torchvision", "gputransforms")}
     for r in rows.values():
         assert "error" not in r, r
         assert r["img_s"] > 0 and r["ttfb_s"] > 0
