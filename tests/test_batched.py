@@ -109,6 +109,16 @@ def test_batched_equals_torchvision_per_sample(photos, name, api, dtype, device)
     assert d.mean() < 0.01 and d.max() <= 1.0 + 1e-3, (d.mean().item(), d.max().item())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["ColorJitter", "GaussianBlur", "GaussianBlur (kx, ky)"])
+def test_kernels_in_chunks_equal_torchvision(photos, name, device, monkeypatch):
+    """ColorJitter's adjustments and GaussianBlur work on ``batched.CHUNK`` rows at a time (their float
+    temporaries bounded, and the same size every batch for torch's allocator): in chunks of 5 rows the 24
+    photos still equal torchvision sample by sample."""
+    monkeypatch.setattr(batched, "CHUNK", 5)
+    test_batched_equals_torchvision_per_sample(photos, name, "v2", torch.uint8, device)
+
+
 def test_rotation_expand_and_user_subclasses_stay_per_sample():
     class MyJitter(T.ColorJitter):
         def forward(self, img):
