@@ -61,9 +61,11 @@ Lower = Callable[[object], Optional[Batched]]
 #: rows a kernel with large float temporaries (ColorJitter's adjustments, GaussianBlur) works on at once.
 #: The rows an adjustment or a RandomApply takes change in number every batch; worked on all at once,
 #: their temporaries changed size every batch too, and torch's caching allocator fragmented over them
-#: (SimCLR on the H100 host: 1,722 MiB reserved for a peak of 598 allocated). In chunks of this many
-#: rows they are at most this size, and the same size batch after batch.
-CHUNK = 32
+#: (SimCLR on the H100 host: 1,722 MiB reserved for a peak of 598 allocated). In chunks of this many rows
+#: they are bounded. SimCLR, batch 256, on the H200 host (benchmarks/results/stop11-simclr-chunk.txt),
+#: device peak / img/s: all rows at once 2,646-2,962 MiB / 11,245-12,177; chunks of 64 2,226-2,364 /
+#: 12,351-12,931; of 32 1,824-1,882 / 9,136-9,793 (the batched stage's launches bound the main thread)
+CHUNK = 64
 
 
 def _chunks(n: int):
