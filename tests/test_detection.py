@@ -876,6 +876,35 @@ def test_the_graphs_colour_steps_are_torchvisions_arithmetic():
         assert differ <= allowed * total, (name, differ, total)
 
 
+def test_the_graphs_hue_is_torchvisions_on_a_grid_of_every_colour():
+    """compiler/joint_dali._hue, which computes only each pixel's middle value and places the largest and
+    smallest as they came: equal to torchvision's adjust_hue for every RGB triple on a grid of every third
+    value (and 255), at eight hue factors including 0, +-0.5 and a tiny one. (The whole RGB cube at ten
+    factors, once on the CPU: equal everywhere.)"""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+    from torchvision.transforms.v2 import functional as F
+
+    from gputransforms.compiler import joint_dali
+
+    v = np.array(list(range(0, 256, 3)) + [255], dtype=np.uint8)
+    grid = np.stack(np.meshgrid(v, v, v, indexing="ij"), -1).reshape(len(v) ** 2, len(v), 3)
+    hue = [0.0, -0.5, 0.5, 1e-7, 0.1234, -0.377, 1 / 3, -1 / 6]
+
+    @pipeline_def(batch_size=8, num_threads=1, device_id=None)
+    def graph():
+        x = fn.cast(fn.external_source(source=lambda: [grid] * 8, batch=True, layout="HWC"), dtype=types.FLOAT)
+        return joint_dali._hue(x, fn.external_source(source=lambda: [np.float32(f) for f in hue], batch=True))
+
+    pipe = graph()
+    pipe.build()
+    out, = pipe.run()
+    for k, f in enumerate(hue):
+        theirs = F.adjust_hue(torch.from_numpy(grid).permute(2, 0, 1), f).permute(1, 2, 0).numpy()
+        assert np.array_equal(np.asarray(out.at(k)).astype(np.uint8), theirs), f
+
+
 def test_a_joint_graph_asks_for_dalis_operator_concurrency_where_dali_has_it(monkeypatch):
     """compiler.dali._concurrency: full concurrency and a stream per operator for a plan with a joint step,
     DALI's defaults for any other plan and under a DALI release without those settings."""

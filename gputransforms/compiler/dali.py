@@ -389,7 +389,7 @@ LOWER: dict[str, Callable] = {
 CONDITIONAL = ("trivial_augment_wide", "rand_augment", "auto_augment", "timm_augment")
 #: steps whose graph runs its independent operators at once, each GPU operator on a stream of its own
 #: (DALI's OperatorConcurrency.FULL, StreamPolicy.PER_OPERATOR): a recorded joint transform is hundreds of
-#: small operators (torchvision's colour arithmetic, exactly: about sixty for the hue), which DALI otherwise
+#: small operators (torchvision's colour arithmetic, exactly: about seventy for the hue), which DALI otherwise
 #: runs one after another. On the H200 host (benchmarks/detection.py, two runs each): ssd 2,372-2,425 ->
 #: 2,641-2,807 img/s, seg 2,785-3,252 -> 3,244-3,569, hflip 4,368-4,548 -> 4,665-4,852; the classification
 #: train chain 13,806-13,933 -> 13,770-15,021 (no gain there: left as it was)

@@ -34,28 +34,34 @@ def _saturation(x, s):
     return _u8(x * s + _grey(x) * (1.0 - s))
 
 
-#: where each output channel reads torchvision's (v, q, p, t, ...) sequence for sector i: red at i, green at
-#: i + 4, blue at i + 2 (mod 6), so one comparison per sector serves the three channels
-_SECTOR = [0.0, 4.0, 2.0]
+#: for each hue sextant i (0-5; 6 is 0 again: h * 6 may round up to 6), which channel torchvision's
+#: ``_hsv_to_rgb`` gives v (the largest) and which the middle value (q in odd sextants, t in even ones)
+_MAX_CHANNEL = [0.0, 1.0, 1.0, 2.0, 2.0, 0.0, 0.0]
+_MID_CHANNEL = [1.0, 0.0, 2.0, 1.0, 0.0, 2.0, 1.0]
+_TINY = 1e-30  # below any non-zero difference of two uint8 values over 255
 
 
 def _hue(x, h):
-    """``adjust_hue_image``: to [0, 1], to HSV, shift, back, to uint8 with ``* 255.999`` truncated (one
-    DALI operator per torchvision operation, the channels together where the formulas allow)."""
-    img = x * (1.0 / 255.0)
-    maxc = fn.reductions.max(img, axes=[2], keep_dims=True)
-    minc = fn.reductions.min(img, axes=[2], keep_dims=True)
-    eqc = maxc == minc
+    """``adjust_hue_image``: to [0, 1], to HSV, shift, back, to uint8 with ``* 255.999`` truncated.
+
+    torchvision's float arithmetic step for step where it decides a value, and no more passes over the
+    three channels than that needs: a hue shift keeps each pixel's largest and smallest value (its v and
+    its p come back to the same uint8, checked over every RGB triple and tested), so only the middle
+    value is computed per pixel, in one channel, and each output channel takes the largest, the middle or
+    the smallest value by the sextant. ``torch.where(eqc, 1, d)`` is ``max(d, tiny)``: where the channels
+    are equal, what it divides is 0 either way."""
+    maxc8 = fn.reductions.max(x, axes=[2], keep_dims=True)
+    minc8 = fn.reductions.min(x, axes=[2], keep_dims=True)
+    maxc = maxc8 * (1.0 / 255.0)  # = the max of the scaled channels (rounding is monotonic)
+    minc = minc8 * (1.0 / 255.0)
     crange = maxc - minc
-    s = crange / (maxc + eqc * (1.0 - maxc))
-    div = crange + eqc * (1.0 - crange)
-    c = (maxc - img) / div
+    s = crange / dmath.max(maxc, _TINY)
+    c = (maxc - x * (1.0 / 255.0)) / dmath.max(crange, _TINY)
     rc, gc, bc = c[:, :, 0:1], c[:, :, 1:2], c[:, :, 2:3]
-    neq_r = maxc != img[:, :, 0:1]
-    eq_g = maxc == img[:, :, 1:2]
-    hg = (rc + 2.0 - bc) * (eq_g & neq_r)
-    hr = (bc - gc) * (neq_r == 0)
-    hb = (gc + 4.0 - rc) * (neq_r & (eq_g == 0))
+    neq_r = rc != 0.0  # maxc != r (what rc divides is 0 exactly there)
+    hr = (bc - gc) * (rc == 0.0)
+    hg = (rc + 2.0 - bc) * ((gc == 0.0) & neq_r)
+    hb = (gc + 4.0 - rc) * (neq_r & (gc != 0.0))
     hh = (hr + hg + hb) * (1.0 / 6.0) + 1.0
     hh = hh - dmath.floor(hh)  # fmod(., 1) of a positive number
     hh = hh + h
@@ -66,19 +72,22 @@ def _hue(x, h):
     sxf = s * f
     q = dmath.clamp((1.0 - sxf) * maxc, 0.0, 1.0)
     t = dmath.clamp((sxf + (1.0 - s)) * maxc, 0.0, 1.0)
-    p = dmath.clamp((1.0 - s) * maxc, 0.0, 1.0)
+    odd = i - dmath.floor(i * 0.5) * 2.0
+    mid8 = dmath.floor((q * odd + t * (1.0 - odd)) * (255.0 + 1.0 - 1e-3))
+    sextant = fn.cast(i, dtype=types.UINT8)
+    keys = list(range(7))
+    top = fn.lookup_table(sextant, keys=keys, values=_MAX_CHANNEL, dtype=types.FLOAT)
+    middle = fn.lookup_table(sextant, keys=keys, values=_MID_CHANNEL, dtype=types.FLOAT)
     # (a 1x1x3 tensor per sample: a constant node would have the whole batch's size inside a conditional branch)
-    j = i + fn.coord_transform(img[0:1, 0:1, :], M=[0.0] * 9, T=_SECTOR)
-    j = j - (j >= 6.0) * 6.0
-    j = j - (j >= 6.0) * 6.0  # (i itself may be 6: h6 rounds up to 6.0)
-    out = maxc * ((j == 0.0) | (j == 5.0)) + q * (j == 1.0) + p * ((j == 2.0) | (j == 3.0)) + t * (j == 4.0)
-    return dmath.floor(out * (255.0 + 1.0 - 1e-3))
+    channel = fn.coord_transform(x[0:1, 0:1, :], M=[0.0] * 9, T=[0.0, 1.0, 2.0])
+    return minc8 + (maxc8 - minc8) * (top == channel) + (mid8 - minc8) * (middle == channel)
 
 
 def _only(applies, x, scalars: list, op):
     """``op(x, *scalars)`` on the samples where ``applies`` (CPU booleans) holds, ``x`` as it is on the
-    others. Each colour step of RandomPhotometricDistort applies with p=0.5, and each is dozens of full
-    passes over a float image (the hue about sixty): a sample that skips it is left out of them
+    others. Each colour step of RandomPhotometricDistort applies with p=0.5, and each is several to dozens
+    of operators over a float image (the hue seventy-one, nine of them over all three channels): a sample
+    that skips it is left out of them
     (DALI's conditional split and merge move samples, not pixels) instead of taking the step's identity."""
     on, off = fn._conditional.split(x, predicate=applies)
     args = [fn._conditional.split(s, predicate=applies)[0] for s in scalars]
