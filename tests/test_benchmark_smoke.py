@@ -41,7 +41,9 @@ def test_loader_benchmark_isolated_rows_run(indexed_folder, tmp_path):
     for r in report["rows"]:
         assert "error" not in r, r
         assert r["img_s"] > 0 and r["shape"][1:] == [3, 224, 224] and r["rss_mb"] > 0
-    assert 0.2 < report["rows"][1]["x_dali"] < 5
+    # the ratio column is filled from the hand-written row (its value is a timing: benchmarks say it, tests
+    # do not; a bound on it failed CI once when the 2-core machine was busy with other work)
+    assert report["rows"][1]["x_dali"] == report["rows"][1]["img_s"] / report["rows"][0]["img_s"]
 
 
 def test_loader_benchmark_streamed_inputs_run(indexed_folder, tmp_path):
