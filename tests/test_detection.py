@@ -879,7 +879,7 @@ def test_the_graphs_colour_steps_are_torchvisions_arithmetic():
 def test_the_graphs_hue_is_torchvisions_on_a_grid_of_every_colour():
     """compiler/joint_dali._hue, which computes only each pixel's middle value and places the largest and
     smallest as they came: equal to torchvision's adjust_hue for every RGB triple on a grid of every third
-    value (and 255), at eight hue factors including 0, +-0.5 and a tiny one. (The whole RGB cube at ten
+    value (and 1, 2, 254, 255: channels one and two apart), at eight hue factors including 0, +-0.5 and a tiny one. (The whole RGB cube at ten
     factors, once on the CPU: equal everywhere.)"""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
@@ -888,7 +888,7 @@ def test_the_graphs_hue_is_torchvisions_on_a_grid_of_every_colour():
 
     from gputransforms.compiler import joint_dali
 
-    v = np.array(list(range(0, 256, 3)) + [255], dtype=np.uint8)
+    v = np.array(sorted(set(range(0, 256, 3)) | {1, 2, 254, 255}), dtype=np.uint8)  # (differences of 1 and 2)
     grid = np.stack(np.meshgrid(v, v, v, indexing="ij"), -1).reshape(len(v) ** 2, len(v), 3)
     hue = [0.0, -0.5, 0.5, 1e-7, 0.1234, -0.377, 1 / 3, -1 / 6]
 
