@@ -209,8 +209,9 @@ def color_jitter(x: torch.Tensor, orders: np.ndarray, factors: np.ndarray, v2: b
     for step in range(4):
         for adj in range(4):
             r = np.nonzero((orders[:, step] == adj) & ~np.isnan(factors[:, adj]))[0]
-            if len(r):
-                groups.append((adj, sum(len(g) for g in rows), len(r)))
+            if len(r):  # (each group's rows in chunks of CHUNK at most)
+                start = sum(len(g) for g in rows)
+                groups += [(adj, start + c0, c1 - c0) for c0, c1 in _chunks(len(r))]
                 rows.append(r)
     if not groups:
         return x
@@ -218,9 +219,9 @@ def color_jitter(x: torch.Tensor, orders: np.ndarray, factors: np.ndarray, v2: b
     idx_all = to_dev(all_rows, x.device, torch.int64)
     f_all = to_dev(factors[all_rows, np.concatenate([[adj] * count for adj, _, count in groups])], x.device,
                  torch.float32)
-    for adj, start, count, c0, c1 in ((*g, c0, c1) for g in groups for c0, c1 in _chunks(g[2])):
-        idx = idx_all[start + c0:start + c1]
-        f = f_all[start + c0:start + c1, None, None, None]
+    for adj, start, count in groups:
+        idx = idx_all[start:start + count]
+        f = f_all[start:start + count, None, None, None]
         img = x[idx]
         if adj == 0:
             img = blend(img, torch.zeros_like(img), f)
