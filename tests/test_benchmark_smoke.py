@@ -235,3 +235,20 @@ def test_decoders_beside_model_probe_runs(indexed_folder, tmp_path):
     for name in ("dali", "torchvision"):
         assert rows[name]["decoder_alone_img_s"] > 0 and rows[name]["decoder_beside_img_s"] > 0
         assert rows[name]["model_beside_img_s"] > 0
+
+
+def test_timm_randaugment_probes_run(indexed_folder):
+    """benchmarks/probes/timm_ra.py and scalar_ops.py (#35: what bounds timm's RandAugment in the graph)
+    run on the CPU's operators: our graph, DALI's own RandAugment, one kind of op, the executors."""
+    cmd = [sys.executable, "-m", "benchmarks.probes.timm_ra", str(indexed_folder), "--threads", "1", "--batch-size",
+           "4", "--images", "8", "--variants", "dali-ra,ours,ours-only-warps,dali-only-blends,chain-train-static"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split() for line in res.stdout.splitlines() if "img/s" in line]
+    assert [r[1] for r in rows] == ["dali-ra", "ours", "ours-only-warps", "dali-only-blends", "chain-train-static"]
+    assert all(float(r[2]) > 0 for r in rows)
+    cmd = [sys.executable, "-m", "benchmarks.probes.scalar_ops", str(indexed_folder), "--threads", "2",
+           "--batch-size", "4", "--images", "8", "--ops", "8"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sum("img/s" in line for line in res.stdout.splitlines()) == (8 if torch.cuda.is_available() else 6)

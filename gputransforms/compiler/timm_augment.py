@@ -27,7 +27,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .chain import NotLowerable
+
+
+def is_node(x) -> bool:
+    """A DALI node (per-sample values), not Python numbers (``dali_scalars.is_node``, which imports DALI)."""
+    return not isinstance(x, (int, float, list))
 
 _LEVEL_DENOM = 10.0
 _GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
@@ -167,10 +174,21 @@ def _leaves(ops: list) -> tuple:
     return leaves, leaf_of + [len(leaves)]
 
 
+def _shared_magnitude(ops: list) -> bool:
+    """Whether every op draws its magnitude alike (RandAugment's ops do): then one signed level per
+    sample and layer serves them all."""
+    return len({(op["magnitude"], op["mstd"], op["upper"]) for op in ops}) == 1
+
+
 @_plain
 def _draws(a: dict) -> dict:
-    """The random draws of all layers: the op index (or sub-policy), the coin, sign, magnitude noise."""
+    """The random draws of all layers at once (each a vector of one number per layer): the op index
+    (or sub-policy), the coin, and where the ops share their magnitude, the signed level itself,
+    ``clip(gauss(m, mstd), 0, upper) / 10`` times a random sign, in three operators for all layers
+    (each operator costs the pipeline about as much per batch whatever it computes:
+    benchmarks/probes/scalar_ops.py); else the sign and the magnitude's noise, for ``_level_of``."""
     import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
     ops, shape = a["ops"], (a["layers"],)
@@ -182,21 +200,39 @@ def _draws(a: dict) -> dict:
             pick = fn.random.uniform(values=list(range(k)), shape=shape, dtype=types.INT32)
     else:
         pick = fn.random.uniform(values=list(range(len(a["table"][0]))), dtype=types.INT32)
+    probs = {op["prob"] for op in ops}
+    if len(probs) == 1:  # applied or not, as the offset of the leaf lookup's key (_layer): 0 or k + 1
+        p = min(max(probs.pop(), 0.0), 1.0)
+        draws = dict(pick=pick, applied=fn.random.choice([0, k + 1], p=[1.0 - p, p], shape=shape))
+    else:
+        draws = dict(pick=pick, apply=fn.random.uniform(range=[0.0, 1.0], shape=shape))
+    if any(op["name"] == "GaussianBlurRand" for op in ops):
+        draws["blur"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)
+    if _shared_magnitude(ops):
+        op = ops[0]
+        step = 1.0 / _LEVEL_DENOM  # the sign and the division by 10 in one factor (exact: a sign flip)
+        if op["mstd"] == 0:
+            level = min(max(op["magnitude"], 0.0), op["upper"]) * step
+            draws["signed"] = fn.random.uniform(values=[-level, level], shape=shape)
+            return draws
+        if math.isinf(op["mstd"]):
+            m = fn.random.uniform(range=[0.0, op["magnitude"]], shape=shape)
+        else:
+            m = fn.random.normal(mean=op["magnitude"], stddev=op["mstd"], shape=shape)
+        draws["signed"] = dmath.clamp(m, 0.0, op["upper"]) * fn.random.uniform(values=[-step, step], shape=shape)
+        return draws
+    draws["sign"] = fn.random.uniform(values=[-1.0, 1.0], shape=shape)
     noisy = [op for op in ops if op["mstd"] > 0]
-    draws = dict(pick=pick, apply=fn.random.uniform(range=[0.0, 1.0], shape=shape),
-                 sign=fn.cast(fn.random.coin_flip(probability=0.5, shape=shape), dtype=types.FLOAT) * -2.0 + 1.0)
     if any(not math.isinf(op["mstd"]) for op in noisy):
         draws["normal"] = fn.random.normal(shape=shape)
     if any(math.isinf(op["mstd"]) for op in noisy):
         draws["uniform"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)  # magnitudes when mstd is infinite
-    if any(op["name"] == "GaussianBlurRand" for op in ops):
-        draws["blur"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)
     return draws
 
 
 @_plain
 def _layer(g, a: dict, draws: dict, j: int, leaf_of):
-    """Layer ``j``'s chosen leaf per sample (the last index: none) and the nodes its branches read."""
+    """Layer ``j``'s chosen leaf per sample (the last: none) and the nodes its branches read."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
@@ -208,20 +244,18 @@ def _layer(g, a: dict, draws: dict, j: int, leaf_of):
         idx = fn.lookup_table(draws["pick"], keys=list(range(len(a["table"][j]))), values=a["table"][j],
                               dtype=types.INT32, default_value=k)
     layer = {key: node[j] for key, node in draws.items() if key != "pick"}
-    coin = layer.pop("apply")
-    if len({(op["magnitude"], op["mstd"], op["upper"]) for op in ops}) == 1:
-        # one level for every op of the layer; the branches get only its signed copy
-        # (each node a branch reads is split at every level of the tree above it)
-        layer = dict(signed=_level_of(ops[0], layer) * layer["sign"],
-                     **({"blur": layer["blur"]} if "blur" in layer else {}))
-    probs = [op["prob"] for op in ops]
-    if len(set(probs)) == 1:
-        applied = coin < probs[0]
+    if "applied" in layer:
+        offset = layer.pop("applied")
     else:
+        probs = [op["prob"] for op in ops]
         p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
-        applied = coin < p
-    on = fn.cast(applied, dtype=types.INT32)
-    chosen = on * idx + (1 - on) * k  # k: not applied (or no op at this position)
+        offset = (layer.pop("apply") < p) * (k + 1)
+    # the leaf, in one lookup: idx (k where a sub-policy has no op here) for applied samples, the
+    # identity (the last leaf) for the others; key idx + (k + 1) * applied
+    leaf = list(range(k + 1)) if leaf_of is None else list(leaf_of)
+    none = leaf[k]
+    chosen = fn.lookup_table(idx + offset, keys=list(range(2 * (k + 1))), values=[none] * (k + 1) + leaf,
+                             dtype=types.INT32, default_value=none)
     if leaf_of is None:
         return chosen, layer
     merged = [ops[i] for i in range(k) if leaf_of.count(leaf_of[i]) > 1]
@@ -231,45 +265,105 @@ def _layer(g, a: dict, draws: dict, j: int, leaf_of):
         layer["matrix"] = _warps_matrix(g, ops, idx, _signed(warp, layer))
     if blend is not None:  # the blends' factor (they share it) and, inside the leaf, which degenerate
         layer["factor"], layer["idx"] = _argument(blend, layer), idx
-    return fn.lookup_table(chosen, keys=list(range(k + 1)), values=leaf_of, dtype=types.INT32, default_value=k), layer
+    return chosen, layer
 
 
 def _warps_matrix(g, ops: list, idx, s):
     """Each sample's inverse map for whichever warp ``idx`` names (identity for the other ops), from
-    its signed level ``s``: a rotation by ``s * rot`` about the centre, plus ``s * shx`` and
-    ``s * shy`` (shears) and ``s * tx`` and ``s * ty`` (translations) on their entries, with each
-    op's factors looked up by index (zero for the others). For a single op this is the matrix of
-    ``_warp_matrix`` to the bit (``cos 0 = 1``, ``sin 0 = 0``, ``x + 0 = x``)."""
+    its signed level ``s``: ``_affine`` with the rotation's angle per unit of level and the shear and
+    translation entries per unit of level looked up by op index (zero for the other ops), the six
+    entries in one lookup. For a single op this is ``_warp_matrix``'s matrix to the bit: the same
+    ``_affine`` with the same numbers."""
     import nvidia.dali.fn as fn
-    import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
-    from .dali_scalars import as_float, is_node
+    k = len(ops)
+    rot = fn.lookup_table(idx, keys=list(range(k)), values=[_rotation(op) for op in ops], dtype=types.FLOAT,
+                          default_value=0.0)
+    units = [_unit(g, op) for op in ops]
+    if any(is_node(u) for u in units):  # sizes known per sample only: each op's entries weighted by its index
+        unit = sum(fn.lookup_table(idx, keys=[i], values=[1.0], dtype=types.FLOAT, default_value=0.0) * _node(u)
+                   for i, u in enumerate(units) if is_node(u) or any(u))
+    else:  # entry e of op i at key 6 i + e (a 2x3 key: a 2x3 matrix)
+        key = idx * 6 + types.Constant(np.arange(6, dtype=np.int32).reshape(2, 3))
+        unit = fn.lookup_table(key, keys=list(range(6 * k)), values=[float(v) for u in units for v in u],
+                               dtype=types.FLOAT, default_value=0.0)
+    return _affine(g, s, rot, unit)
 
-    w, h = as_float(g.w), as_float(g.h)
 
-    def table(value):
-        vals = [float(value(op)) if op["name"] in _GEOMETRIC else 0.0 for op in ops]
-        return fn.lookup_table(idx, keys=list(range(len(ops))), values=vals, dtype=types.FLOAT, default_value=0.0)
+def _rotation(op: dict) -> float:
+    """The op's angle per unit of signed level, in degrees: PIL's Image.rotate by 30 * level degrees
+    counter-clockwise, whose inverse map is DALI's ``transforms.rotation`` by that angle."""
+    return 30.0 if op["name"] == "Rotate" else 0.0
 
-    def shift(rel: str, absolute: str, size):  # a translation's pixels per unit of level
-        if is_node(size):
-            pixels = table(lambda op: op["translate_pct"] if op["name"] == rel else 0.0) * size
-        else:
-            pixels = table(lambda op: size * op["translate_pct"] if op["name"] == rel else 0.0)
-        if any(op["name"] == absolute for op in ops):
-            pixels = pixels + table(lambda op: op["translate_const"] if op["name"] == absolute else 0.0)
-        return pixels
 
-    rad = s * table(lambda op: -30.0 * math.pi / 180.0 if op["name"] == "Rotate" else 0.0)
-    c, n = dmath.cos(rad), dmath.sin(rad)
-    keep = 1.0 - c
-    cx, cy = w * 0.5, h * 0.5
-    shx = table(lambda op: 0.3 if op["name"] == "ShearX" else 0.0)
-    shy = table(lambda op: 0.3 if op["name"] == "ShearY" else 0.0)
-    entries = [c, n + s * shx, keep * cx - n * cy + s * shift("TranslateXRel", "TranslateX", w),
-               n * -1.0 + s * shy, c, keep * cy + n * cx + s * shift("TranslateYRel", "TranslateY", h)]
-    return fn.reshape(fn.stack(*entries), shape=[2, 3])
+def _unit(g, op: dict):
+    """The op's shear and translation entries of the inverse map [a, b, c, d, e, f] per unit of signed
+    level: ShearX b (x += v * y), ShearY d, a translation c or f (pixels: a share of the width or
+    height, or timm's constant); zero for the rotation and the other ops. Six Python numbers, or a node
+    where the size is only known per sample (``_linear``)."""
+    name, unit = op["name"], [0.0] * 6
+    if name in ("TranslateXRel", "TranslateYRel"):
+        per_size = [0.0] * 6
+        per_size[2 if name == "TranslateXRel" else 5] = op["translate_pct"]
+        return _linear(g, unit, per_size if name == "TranslateXRel" else None,
+                       per_size if name == "TranslateYRel" else None)
+    if name == "ShearX":
+        unit[1] = 0.3
+    elif name == "ShearY":
+        unit[3] = 0.3
+    elif name in ("TranslateX", "TranslateY"):
+        unit[2 if name == "TranslateX" else 5] = op["translate_const"]
+    return unit
+
+
+def _linear(g, const: list, per_w=None, per_h=None):
+    """Six entries ``const + w * per_w + h * per_h``: Python numbers where the plan knows the size, else a
+    node (w and h per sample)."""
+    w, h = g.w, g.h
+    per_w, per_h = per_w or [0.0] * 6, per_h or [0.0] * 6
+    if not (is_node(w) and any(per_w)) and not (is_node(h) and any(per_h)):
+        return [c + (a * float(w) if a else 0.0) + (b * float(h) if b else 0.0) for c, a, b in zip(const, per_w, per_h)]
+    from .dali_scalars import as_float
+
+    out = _node(const)
+    if any(per_w):
+        out = out + as_float(w) * _node(per_w)
+    if any(per_h):
+        out = out + as_float(h) * _node(per_h)
+    return out
+
+
+def _node(values):
+    """Six Python numbers as a constant 2x3 node (a node stays as it is)."""
+    import nvidia.dali.types as types
+
+    return values if is_node(values) else types.Constant(np.asarray(values, dtype=np.float32).reshape(2, 3),
+                                                         device="cpu")
+
+
+def _affine(g, s, rot, unit):
+    """PIL's inverse map as a 2x3 matrix: a rotation by ``s * rot`` degrees about the centre (w/2, h/2)
+    (PIL's ``[[cos a, sin a, t0], [-sin a, cos a, t1]]``, a = -radians, with (t0, t1) keeping the
+    centre in place: DALI's ``transforms.rotation``, one operator) plus ``s * unit`` (the shear and
+    translation entries): a few operators on six numbers a sample instead of one per entry and term
+    (DALI runs each arithmetic operator as an operator of its own, each costing about as much per
+    batch whatever it computes: benchmarks/probes/scalar_ops.py). ``rot`` and ``unit`` are Python
+    numbers for one op, nodes looked up by op index for the merged warps; w and h numbers, or nodes
+    where the size is only known per sample."""
+    import nvidia.dali.fn as fn
+
+    from .dali_scalars import as_float
+
+    scaled = s * _node(unit)
+    if not is_node(rot) and rot == 0.0:  # cos 0 = 1, sin 0 = 0
+        return _node([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]) + scaled
+    w, h = g.w, g.h
+    if is_node(w) or is_node(h):
+        centre = fn.stack(as_float(w) * 0.5, as_float(h) * 0.5)
+    else:
+        centre = [float(w) * 0.5, float(h) * 0.5]
+    return fn.transforms.rotation(angle=s * rot, center=centre) + scaled
 
 
 def _switch(g, chosen, lo: int, hi: int, img, ops: list, layer: dict):
@@ -314,7 +408,11 @@ def _argument(op: dict, layer: dict):
     from .dali_scalars import smax, smin
 
     name = op["name"]
+    if name.endswith("Increasing") and not name.startswith(("Posterize", "Solarize")):
+        # Color/Contrast/Brightness/Sharpness: 1 +- 0.9 level, at least 0.1
+        return smax(_signed(op, layer) * 0.9 + 1.0, 0.1)
     lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
+    top = op["upper"] / _LEVEL_DENOM  # the largest level: the clips below are no-ops where it keeps inside
     if name == "Posterize":
         return _floor(lv * 4.0)
     if name == "PosterizeIncreasing":
@@ -322,13 +420,11 @@ def _argument(op: dict, layer: dict):
     if name == "PosterizeOriginal":
         return _floor(lv * 4.0) + 4.0
     if name == "Solarize":
-        return smin(_floor(lv * 256.0), 256.0)
+        return _floor(lv * 256.0) if top <= 1.0 else smin(_floor(lv * 256.0), 256.0)
     if name == "SolarizeIncreasing":
-        return 256.0 - smin(_floor(lv * 256.0), 256.0)
+        return 256.0 - (_floor(lv * 256.0) if top <= 1.0 else smin(_floor(lv * 256.0), 256.0))
     if name == "SolarizeAdd":
-        return smin(_floor(lv * 110.0), 128.0)
-    if name.endswith("Increasing"):  # Color/Contrast/Brightness/Sharpness: 1 +- 0.9 level, at least 0.1
-        return smax(_signed(op, layer) * 0.9 + 1.0, 0.1)
+        return _floor(lv * 110.0) if top * 110.0 < 128.0 else smin(_floor(lv * 110.0), 128.0)
     if name in ("Color", "Contrast", "Brightness", "Sharpness"):
         return lv * 1.8 + 0.1
     if name == "Desaturate":  # level in [0.5, 1]; the blend factor is 1 - level
@@ -343,7 +439,7 @@ def _argument(op: dict, layer: dict):
 def _signed(op: dict, layer: dict):
     if "signed" in layer:
         return layer["signed"]
-    return layer["sign"] * _level_of(op, layer)
+    return _level_of(op, layer) * layer["sign"]
 
 
 def _dev(g, x):
@@ -400,34 +496,8 @@ def _warp(g, img, matrix, op):
 
 
 def _warp_matrix(g, op: dict, layer: dict):
-    """The inverse map PIL's transform gets (s the signed level): ``v * E + I`` for a shear or a
-    translation (E a unit matrix, v its one entry), and for a rotation about (w/2, h/2) PIL's
-    ``[[cos a, sin a, t0], [-sin a, cos a, t1]]`` stacked from its entries; w and h are numbers, or
-    nodes where the size is only known per sample."""
-    import nvidia.dali.fn as fn
-    import nvidia.dali.math as dmath
-
-    from .dali_scalars import as_float
-
-    name, s = op["name"], _signed(op, layer)
-    w, h = as_float(g.w), as_float(g.h)
-    if name == "Rotate":  # PIL's Image.rotate by 30 * level degrees counter-clockwise: a = -radians(degrees)
-        rad = s * (-30.0 * math.pi / 180.0)
-        c, n = dmath.cos(rad), dmath.sin(rad)
-        cx, cy = w * 0.5, h * 0.5
-        keep = 1.0 - c  # (t0, t1) keep the centre in place
-        entries = [c, n, keep * cx - n * cy, n * -1.0, c, keep * cy + n * cx]
-        return fn.reshape(fn.stack(*entries), shape=[2, 3])
-    if name in ("TranslateXRel", "TranslateYRel"):
-        scale = (w if name == "TranslateXRel" else h) * op["translate_pct"]
-    else:
-        scale = op["translate_const"] if name in ("TranslateX", "TranslateY") else 0.3
-    row = 0 if name in ("ShearX", "TranslateX", "TranslateXRel") else 1
-    col = 2 if name.startswith("Translate") else 1 - row  # ShearX: x += v * y; ShearY: y += v * x
-    unit = [[0.0] * 3 for _ in range(2)]
-    unit[row][col] = 1.0
-    v = s * scale
-    return v * _const(g, unit, "cpu") + _const(g, [[1, 0, 0], [0, 1, 0]], "cpu")
+    """The inverse map PIL's transform gets for one warp op, from the sample's signed level."""
+    return _affine(g, _signed(op, layer), _rotation(op), _unit(g, op))
 
 
 @_plain
@@ -436,7 +506,7 @@ def _apply(g, img, op: dict, layer: dict):
     import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
-    from .dali_scalars import is_node, smax
+    from .dali_scalars import smax
 
     name = op["name"]
     if name == "Warps":  # the warps as one leaf: each sample's matrix is built before the switch
@@ -455,11 +525,9 @@ def _apply(g, img, op: dict, layer: dict):
         stretch = fn.cast(hi > lo, dtype=types.FLOAT)
         scale = stretch * (255.0 / dmath.max(hi - lo, 1.0)) + (1.0 - stretch)
         return _to_uint8((fn.cast(img, dtype=types.FLOAT) - lo * stretch) * scale)
-    v = _argument(op, layer)
     if name.startswith("Posterize"):  # keep the top `bits` bits: & (256 - 2 ** (8 - bits))
-        if not is_node(v):
-            return img & types.Constant(int(256 - 2 ** (8 - int(v))), dtype=types.UINT8)
-        return img & _dev(g, fn.cast(dmath.pow(2.0, 8.0 - v) * -1.0 + 256.0, dtype=types.UINT8))
+        return img & _posterize_mask(g, op, layer)
+    v = _argument(op, layer)
     if name.startswith("Solarize") and name != "SolarizeAdd":  # i < thresh ? i : 255 - i
         below = img < _dev(g, v)
         return below * img + (below ^ True) * (types.Constant(255, dtype=types.UINT8) - img)
@@ -479,6 +547,28 @@ def _apply(g, img, op: dict, layer: dict):
     if name in ("Sharpness", "SharpnessIncreasing"):  # blend with PIL's SMOOTH filter, rounded
         return _blend(_smooth(g, x), x, factor)
     raise AssertionError(name)  # describe() admits only SUPPORTED names
+
+
+def _posterize_mask(g, op: dict, layer: dict):
+    """``256 - 2 ** (8 - bits)`` as uint8 (saturated, as a cast of the float would be), bits being
+    timm's level function of the sample's level: a number, or for a level per sample, one lookup by
+    ``floor(4 * level)`` (the only per-sample part of every posterize level function)."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+    import nvidia.dali.types as types
+
+    def mask(bits: float) -> int:
+        return int(np.clip(np.rint(256.0 - 2.0 ** (8.0 - bits)), 0, 255))
+
+    bits = {"Posterize": lambda f: f, "PosterizeIncreasing": lambda f: 4.0 - f,
+            "PosterizeOriginal": lambda f: f + 4.0}[op["name"]]
+    if "signed" not in layer and op["mstd"] == 0:
+        return types.Constant(mask(bits(_floor(_level_of(op, layer) * 4.0))), dtype=types.UINT8)
+    lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
+    quarters = list(range(int(math.floor(op["upper"] / _LEVEL_DENOM * 4.0)) + 1))
+    f = fn.cast(dmath.floor(lv * 4.0), dtype=types.INT32)
+    return _dev(g, fn.lookup_table(f, keys=quarters, values=[mask(bits(float(q))) for q in quarters],
+                                   dtype=types.UINT8, default_value=mask(bits(float(quarters[-1])))))
 
 
 def _mean_grey(luma):
