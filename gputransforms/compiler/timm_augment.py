@@ -413,12 +413,6 @@ def _argument(op: dict, layer: dict):
         return smax(_signed(op, layer) * 0.9 + 1.0, 0.1)
     lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
     top = op["upper"] / _LEVEL_DENOM  # the largest level: the clips below are no-ops where it keeps inside
-    if name == "Posterize":
-        return _floor(lv * 4.0)
-    if name == "PosterizeIncreasing":
-        return 4.0 - _floor(lv * 4.0)
-    if name == "PosterizeOriginal":
-        return _floor(lv * 4.0) + 4.0
     if name == "Solarize":
         return _floor(lv * 256.0) if top <= 1.0 else smin(_floor(lv * 256.0), 256.0)
     if name == "SolarizeIncreasing":
@@ -433,7 +427,7 @@ def _argument(op: dict, layer: dict):
         return smin(smax(lv * 1.9 + 0.1, 0.1), 2.0)
     if name == "GaussianBlurRand":  # radius uniform in (0.1, 2 * level)
         return layer["blur"] * (smin(smax(lv, 0.0), 1.0) * 2.0 - 0.1) + 0.1
-    return None  # AutoContrast, Equalize, Invert take no argument
+    return None  # AutoContrast, Equalize, Invert take no argument; Posterize's mask: _posterize_mask
 
 
 def _signed(op: dict, layer: dict):
