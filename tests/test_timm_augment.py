@@ -181,6 +181,26 @@ def test_create_transform_recipe_compiles_into_the_graph():
     assert "timm_augment" in p.explain()
 
 
+def test_the_recipe_graph_stays_small(photo_folder):
+    """#35: every DALI operator costs the pipeline about the same per batch whatever it computes
+    (benchmarks/probes/scalar_ops.py: about 56 us on the CPU, 120 us on the GPU, for one number a
+    sample), and the operators are what bounded this graph (benchmarks/results/stop12-timm-ra.txt).
+    The recipe's graph had 634 operators, then 372; 304 since its per-sample parameters are computed
+    in vectors and lookups. A count above that is a slower graph: it fails here, not in a benchmark."""
+    import nvidia.dali.fn as fn
+
+    from gputransforms.compiler.dali import build_pipeline
+
+    tf = timm_data.create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
+    pipe = build_pipeline(plan(tf), None, device="cpu", batch_size=2, num_threads=1, seed=1,
+                          reader=lambda: fn.readers.file(file_root=str(photo_folder))[0])
+    ops = len(pipe._ops)
+    print(f"\nrand-m9-mstd0.5-inc1: {ops} DALI operators")
+    assert ops <= 304
+    images = pipe.run()[0].as_array()
+    assert images.shape == (2, 3, 224, 224)
+
+
 @pytest.mark.filterwarnings("ignore::gputransforms.FallbackWarning")
 @pytest.mark.parametrize("make, why", [
     (lambda: aa.rand_augment_transform("rand-m9-n2-tweights", dict(HPARAMS)), "without replacement"),
