@@ -119,6 +119,13 @@ class CompiledGraph(Backend):
             slot.epoch = None
         self.idle.append(slot)
 
+    @property
+    def lookahead(self) -> int:
+        """Batches fed ahead of the one DALI runs: its prefetch queue, the batch being fed and the one it
+        runs. The slot's callback keeps each batch's inputs that long, and the feeds (the workers' rings
+        included, ``Rings.release``) free them no sooner: the two must be the same number."""
+        return self.settings.prefetch_queue_depth + 2
+
     def build_pipeline(self, slot: PipelineSlot, seed: int, checkpoint: Optional[bytes] = None):
         from ..compiler.dali import build_pipeline  # DALI is imported only on the compiled path
 
@@ -127,7 +134,7 @@ class CompiledGraph(Backend):
             self.pool = ReaderThreads(max(1, min(4, s.num_threads)), "gputransforms-read")
         # no_copy: DALI reads the files where the reader threads put them; copied in, they cost the
         # main thread (schedule_run runs the callback) a memcpy of every batch's files
-        slot.pipe = build_pipeline(self.plan, slot.callback(keep=s.prefetch_queue_depth + 2), device=s.device,
+        slot.pipe = build_pipeline(self.plan, slot.callback(keep=self.lookahead), device=s.device,
                                    batch_size=self._max_batch_size, num_threads=s.num_threads, seed=seed,
                                    prefetch_queue_depth=s.prefetch_queue_depth, hw_decoder_load=s.hw_decoder_load,
                                    jpeg_fancy_upsampling=s.jpeg_fancy_upsampling, checkpoint=checkpoint,
@@ -153,18 +160,18 @@ class CompiledGraph(Backend):
         s, first = self.settings, self.plan.steps[0]
         if first.op == "video_decode" and first.args["decoder"] == "pyav":
             if slot.decoders is None:
-                slot.decoders = ProcessDecoders(self.files, s.num_threads, lookahead=s.prefetch_queue_depth + 2,
+                slot.decoders = ProcessDecoders(self.files, s.num_threads, lookahead=self.lookahead,
                                                 planes=first.args["frames"] == "yuv420", timeout=s.timeout)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped)
         if self.files.extras:  # a joint transform recorded per sample, in torch's workers
             if slot.decoders is None:
-                slot.decoders = ProcessDecoders(self.files, s.num_workers, lookahead=s.prefetch_queue_depth + 2,
+                slot.decoders = ProcessDecoders(self.files, s.num_workers, lookahead=self.lookahead,
                                                 timeout=s.timeout, gpu=s.device == "gpu", seed=slot.seed)
             # with workers each sample draws from a seed of its own (with none, from torch's RNG in this
             # thread, as torch's DataLoader with no workers does)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped,
                                     seed=slot.seed if s.num_workers > 0 else None)
-        return EpochFeed(self.files, batches, self.pool, lookahead=s.prefetch_queue_depth + 2,
+        return EpochFeed(self.files, batches, self.pool, lookahead=self.lookahead,
                          skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
                          skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil))
 
