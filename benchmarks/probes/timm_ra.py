@@ -30,8 +30,6 @@ Per variant: img/s, and the process's CPU time over wall time (cores kept busy).
 from __future__ import annotations
 
 import argparse
-import functools
-import os
 import resource
 import time
 

@@ -36,6 +36,7 @@ def is_node(x) -> bool:
     """A DALI node (per-sample values), not Python numbers (``dali_scalars.is_node``, which imports DALI)."""
     return not isinstance(x, (int, float, list))
 
+
 _LEVEL_DENOM = 10.0
 _GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
 _SIGNED = _GEOMETRIC | {"ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"}
@@ -212,7 +213,7 @@ def _draws(a: dict) -> dict:
         op = ops[0]
         step = 1.0 / _LEVEL_DENOM  # the sign and the division by 10 in one factor (exact: a sign flip)
         if op["mstd"] == 0:
-            level = min(max(op["magnitude"], 0.0), op["upper"]) * step
+            level = _level_of(op, {})  # a number
             draws["signed"] = fn.random.uniform(values=[-level, level], shape=shape)
             return draws
         if math.isinf(op["mstd"]):
@@ -403,20 +404,17 @@ def _level_of(op: dict, layer: dict):
 def _argument(op: dict, layer: dict):
     """timm's ``LEVEL_TO_ARG[name](magnitude)`` (one number per sample), for the ops that take one
     and are not warps (their matrices are built from the signed level directly)."""
-    import nvidia.dali.math as dmath
-
     from .dali_scalars import smax, smin
 
     name = op["name"]
     if name.endswith("Increasing") and not name.startswith(("Posterize", "Solarize")):
         # Color/Contrast/Brightness/Sharpness: 1 +- 0.9 level, at least 0.1
         return smax(_signed(op, layer) * 0.9 + 1.0, 0.1)
-    lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
+    lv = _unsigned_level(op, layer)
     top = op["upper"] / _LEVEL_DENOM  # the largest level: the clips below are no-ops where it keeps inside
-    if name == "Solarize":
-        return _floor(lv * 256.0) if top <= 1.0 else smin(_floor(lv * 256.0), 256.0)
-    if name == "SolarizeIncreasing":
-        return 256.0 - (_floor(lv * 256.0) if top <= 1.0 else smin(_floor(lv * 256.0), 256.0))
+    if name in ("Solarize", "SolarizeIncreasing"):
+        threshold = _floor(lv * 256.0) if top <= 1.0 else smin(_floor(lv * 256.0), 256.0)
+        return threshold if name == "Solarize" else 256.0 - threshold
     if name == "SolarizeAdd":
         return _floor(lv * 110.0) if top * 110.0 < 128.0 else smin(_floor(lv * 110.0), 128.0)
     if name in ("Color", "Contrast", "Brightness", "Sharpness"):
@@ -428,6 +426,14 @@ def _argument(op: dict, layer: dict):
     if name == "GaussianBlurRand":  # radius uniform in (0.1, 2 * level)
         return layer["blur"] * (smin(smax(lv, 0.0), 1.0) * 2.0 - 0.1) + 0.1
     return None  # AutoContrast, Equalize, Invert take no argument; Posterize's mask: _posterize_mask
+
+
+def _unsigned_level(op: dict, layer: dict):
+    """The sample's level, ``clip(magnitude, 0, upper) / 10``: of the shared signed level where the
+    layer has one, else the op's own (``_level_of``)."""
+    import nvidia.dali.math as dmath
+
+    return dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
 
 
 def _signed(op: dict, layer: dict):
@@ -558,7 +564,7 @@ def _posterize_mask(g, op: dict, layer: dict):
             "PosterizeOriginal": lambda f: f + 4.0}[op["name"]]
     if "signed" not in layer and op["mstd"] == 0:
         return types.Constant(mask(bits(_floor(_level_of(op, layer) * 4.0))), dtype=types.UINT8)
-    lv = dmath.abs(layer["signed"]) if "signed" in layer else _level_of(op, layer)
+    lv = _unsigned_level(op, layer)
     quarters = list(range(int(math.floor(op["upper"] / _LEVEL_DENOM * 4.0)) + 1))
     f = fn.cast(dmath.floor(lv * 4.0), dtype=types.INT32)
     return _dev(g, fn.lookup_table(f, keys=quarters, values=[mask(bits(float(q))) for q in quarters],
