@@ -185,8 +185,9 @@ def test_the_recipe_graph_stays_small(photo_folder):
     """#35: every DALI operator costs the pipeline about the same per batch whatever it computes
     (benchmarks/probes/scalar_ops.py: about 56 us on the CPU, 120 us on the GPU, for one number a
     sample), and the operators are what bounded this graph (benchmarks/results/stop12-timm-ra.txt).
-    The recipe's graph had 634 operators, then 372; 304 since its per-sample parameters are computed
-    in vectors and lookups. A count above that is a slower graph: it fails here, not in a benchmark."""
+    The recipe's graph had 634 operators, then 372, then 304 with its per-sample parameters computed
+    in vectors and lookups; 272 since the pixel ops take fewer (coord_transforms, lookups). A count
+    above that is a slower graph: it fails here, not in a benchmark."""
     import nvidia.dali.fn as fn
 
     from gputransforms.compiler.dali import build_pipeline
@@ -196,7 +197,7 @@ def test_the_recipe_graph_stays_small(photo_folder):
                           reader=lambda: fn.readers.file(file_root=str(photo_folder))[0])
     ops = len(pipe._ops)
     print(f"\nrand-m9-mstd0.5-inc1: {ops} DALI operators")
-    assert ops <= 304
+    assert ops <= 272
     images = pipe.run()[0].as_array()
     assert images.shape == (2, 3, 224, 224)
 
@@ -240,3 +241,25 @@ def test_merged_leaves_are_each_ops_own_result(photo_folder, device, names):
         apart = ours(photo_folder, tf, device, epochs=2)
     assert torch.equal(merged, apart)
     assert (merged != ours(photo_folder, chain(T.Lambda(lambda x: x)), device, epochs=2)).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocontrast_leaves_a_flat_channel_as_it_is(tmp_path, photo_folder, device):
+    """PIL's autocontrast maps a channel whose lowest and highest values are equal through the identity;
+    the graph looks the scale up from hi - lo and takes nothing off such a channel. Lossless files,
+    so that decoding adds nothing: the flat channels equal timm's exactly, the others within one
+    level (float32 in the graph, PIL's lookup table in double)."""
+    import numpy as np
+
+    folder = tmp_path / "flat"
+    (folder / "c").mkdir(parents=True)
+    for i, path in enumerate(sorted(photo_folder.rglob("*.jpg"))[:9]):
+        a = np.array(Image.open(path).convert("RGB").resize((SIZE, SIZE)))
+        a[..., i % 3] = 30 * i  # 0 (black) for the first image
+        Image.fromarray(a).save(folder / "c" / f"{i}.png")
+    op = aa.AugmentOp("AutoContrast", prob=1.0, magnitude=7, hparams=HPARAMS)
+    tf = T.Compose([aa.RandAugment([op], num_layers=1), T.PILToTensor()])
+    got, want = ours(folder, tf, device), theirs(folder, tf).double()
+    for i in range(len(got)):
+        assert torch.equal(got[i, i % 3], want[i, i % 3]) and got[i, i % 3].eq(30 * i).all()
+    assert (got - want).abs().max() <= 1

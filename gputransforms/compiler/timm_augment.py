@@ -465,13 +465,17 @@ def _to_uint8(x):
     return fn.cast(dmath.floor(x), dtype=types.UINT8)
 
 
-def _luma(g, x):
-    """PIL's ``convert("L")`` of float RGB values: (R*19595 + G*38470 + B*7471 + 0x8000) >> 16."""
+def _luma(g, img):
+    """PIL's ``convert("L")`` of RGB values (uint8 or float): (R*19595 + G*38470 + B*7471 + 0x8000) >> 16,
+    as one ``coord_transform`` and a floor. Exact in float32 whatever the order of the sums (or a fused
+    multiply-add): each weight is a multiple of 2^-16, so every product and partial sum is a multiple of
+    2^-16 below 256, which float32's 24 bits hold."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
+    import nvidia.dali.types as types
 
-    w = _const(g, [19595 / 65536, 38470 / 65536, 7471 / 65536])
-    return dmath.floor(fn.reductions.sum(x * w, axis_names="C", keep_dims=True) + 0.5)
+    return dmath.floor(fn.coord_transform(img, M=[19595 / 65536, 38470 / 65536, 7471 / 65536], T=[0.5],
+                                          dtype=types.FLOAT))
 
 
 def _blend(degenerate, x, factor):
@@ -489,10 +493,10 @@ def _warp(g, img, matrix, op):
     fill = op["fill"]
     if len(set(fill)) == 1:
         return fn.warp_affine(img, matrix=matrix, fill_value=fill[0], interp_type=interp, inverse_map=True)
-    f = _const(g, fill)
-    x = fn.warp_affine(fn.cast(img, dtype=types.FLOAT) - f, matrix=matrix, fill_value=0.0, interp_type=interp,
-                       inverse_map=True)
-    return fn.cast(x + f, dtype=types.UINT8)  # (DALI's cast rounds, as PIL's bilinear filter does)
+    # x - f in float as one coord_transform (x * 1 - f), where a cast and a difference were
+    offset = fn.coord_transform(img, T=[-v for v in fill], dtype=types.FLOAT)
+    x = fn.warp_affine(offset, matrix=matrix, fill_value=0.0, interp_type=interp, inverse_map=True)
+    return fn.cast(x + _const(g, fill), dtype=types.UINT8)  # (DALI's cast rounds, as PIL's bilinear filter does)
 
 
 def _warp_matrix(g, op: dict, layer: dict):
@@ -503,7 +507,6 @@ def _warp_matrix(g, op: dict, layer: dict):
 @_plain
 def _apply(g, img, op: dict, layer: dict):
     import nvidia.dali.fn as fn
-    import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
     from .dali_scalars import smax
@@ -520,33 +523,43 @@ def _apply(g, img, op: dict, layer: dict):
     if name == "Equalize":
         return fn.equalize(img)
     if name == "AutoContrast":  # per channel: lut[i] = int((i - lo) * 255 / (hi - lo)), identity if hi == lo
-        lo = fn.cast(fn.reductions.min(img, axis_names="HW", keep_dims=True), dtype=types.FLOAT)
-        hi = fn.cast(fn.reductions.max(img, axis_names="HW", keep_dims=True), dtype=types.FLOAT)
-        stretch = fn.cast(hi > lo, dtype=types.FLOAT)
-        scale = stretch * (255.0 / dmath.max(hi - lo, 1.0)) + (1.0 - stretch)
-        return _to_uint8((fn.cast(img, dtype=types.FLOAT) - lo * stretch) * scale)
+        return _autocontrast(g, img)
     if name.startswith("Posterize"):  # keep the top `bits` bits: & (256 - 2 ** (8 - bits))
         return img & _posterize_mask(g, op, layer)
     v = _argument(op, layer)
-    if name.startswith("Solarize") and name != "SolarizeAdd":  # i < thresh ? i : 255 - i
-        below = img < _dev(g, v)
-        return below * img + (below ^ True) * (types.Constant(255, dtype=types.UINT8) - img)
+    if name.startswith("Solarize") and name != "SolarizeAdd":  # i < thresh ? i : 255 - i, and 255 - i = i ^ 255
+        return img ^ ((img >= _dev(g, v)) * types.Constant(255, dtype=types.UINT8))
     if name == "SolarizeAdd":  # i < 128 ? min(255, i + add) : i
         below = img < types.Constant(128, dtype=types.UINT8)
         return fn.cast(img + below * _dev(g, v), dtype=types.UINT8)  # (the cast saturates at 255)
     if name in ("GaussianBlur", "GaussianBlurRand"):  # PIL's GaussianBlur(radius), radius as sigma
         return fn.gaussian_blur(img, sigma=smax(v, 0.1))
-    x = fn.cast(img, dtype=types.FLOAT)
-    factor = _dev(g, v)
+    factor = _dev(g, v)  # (the blends take the uint8 image: uint8 - float is float, the same values)
     if name in ("Brightness", "BrightnessIncreasing"):  # blend with black
-        return _to_uint8(x * factor)
+        return _to_uint8(img * factor)
     if name in ("Color", "ColorIncreasing", "Desaturate"):  # blend with PIL's grey (L) image
-        return _blend(_luma(g, x), x, factor)
+        return _blend(_luma(g, img), img, factor)
     if name in ("Contrast", "ContrastIncreasing"):  # blend with the rounded mean of the L image
-        return _blend(_mean_grey(_luma(g, x)), x, factor)
+        return _blend(_mean_grey(_luma(g, img)), img, factor)
     if name in ("Sharpness", "SharpnessIncreasing"):  # blend with PIL's SMOOTH filter, rounded
-        return _blend(_smooth(g, x), x, factor)
+        return _blend(_smooth(g, img), img, factor)
     raise AssertionError(name)  # describe() admits only SUPPORTED names
+
+
+def _autocontrast(g, img):
+    """PIL's autocontrast per channel, ``(i - lo) * (255 / (hi - lo))`` truncated, the identity where
+    hi == lo: ``(img - lo') * scale`` with lo' = lo (0 where hi == lo) and scale = 255 / (hi - lo) (1
+    where hi == lo) looked up from hi - lo, so uint8 throughout until the product (img >= lo, so
+    img - lo' does not wrap): the same float product as in float, in fewer operators."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    lo = fn.reductions.min(img, axis_names="HW", keep_dims=True)
+    spread = fn.reductions.max(img, axis_names="HW", keep_dims=True) - lo
+    scale = fn.lookup_table(spread, keys=list(range(256)),
+                            values=[1.0] + [float(np.float32(255.0) / np.float32(d)) for d in range(1, 256)],
+                            dtype=types.FLOAT, default_value=1.0)
+    return _to_uint8((img - lo * (spread > types.Constant(0, dtype=types.UINT8))) * scale)
 
 
 def _posterize_mask(g, op: dict, layer: dict):
@@ -578,30 +591,36 @@ def _mean_grey(luma):
     return dmath.floor(fn.reductions.mean(luma, axis_names="HW", keep_dims=True) + 0.5)
 
 
-def _smooth(g, x):
+def _smooth(g, img):
+    """PIL's SMOOTH filter, rounded, as float (of the uint8 image: DALI's filter computes in float)."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
+    import nvidia.dali.types as types
 
     kernel = _const(g, [[1 / 13, 1 / 13, 1 / 13], [1 / 13, 5 / 13, 1 / 13], [1 / 13, 1 / 13, 1 / 13]])
-    return dmath.floor(fn.filter(x, kernel, border="clamp") + 0.5)
+    return dmath.floor(fn.filter(img, kernel, border="clamp", dtype=types.FLOAT) + 0.5)
 
 
 def _blends(g, img, names: list, layer: dict):
     """Colour, contrast, brightness and sharpness as one leaf: ``degenerate = luma * [Color] +
     mean grey * [Contrast] + smooth * [Sharpness]`` (0 for Brightness), each weight 1 for the op the
-    sample drew and 0 otherwise (looked up from its op index), then PIL's blend with the shared
-    factor: the single op's result to the bit (``v * 0 = 0``, ``v + 0 = v``)."""
+    sample drew and 0 otherwise, then PIL's blend with the shared factor: the single op's result to
+    the bit (``v * 0 = 0``, ``v + 0 = v``). The candidates are the channels of one image (luma, mean
+    grey, the smoothed R, G, B) and the weights one 3x5 ``coord_transform`` matrix per sample, looked
+    up from its op index: one operator where three lookups, three copies to the device, three
+    products and two sums were."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
-    def weight(these):
-        vals = [1.0 if name in these else 0.0 for name in names]
-        return _dev(g, fn.lookup_table(layer["idx"], keys=list(range(len(names))), values=vals, dtype=types.FLOAT,
-                                       default_value=0.0))
-
-    x = fn.cast(img, dtype=types.FLOAT)
-    luma = _luma(g, x)
-    degenerate = (luma * weight({"Color", "ColorIncreasing"})
-                  + _mean_grey(luma) * weight({"Contrast", "ContrastIncreasing"})
-                  + _smooth(g, x) * weight({"Sharpness", "SharpnessIncreasing"}))
-    return _blend(degenerate, x, _dev(g, layer["factor"]))
+    # candidates: luma, mean grey, smooth R, G, B; each output channel takes one of them by the op
+    rows = {"Color": [[1.0, 0, 0, 0, 0]] * 3, "Contrast": [[0, 1.0, 0, 0, 0]] * 3,
+            "Sharpness": [[0, 0, 1.0, 0, 0], [0, 0, 0, 1.0, 0], [0, 0, 0, 0, 1.0]]}  # Brightness, the rest: 0
+    table = [float(v) for name in names for row in rows.get(name.replace("Increasing", ""), [[0.0] * 5] * 3)
+             for v in row]
+    key = layer["idx"] * 15 + types.Constant(np.arange(15, dtype=np.int32).reshape(3, 5))
+    weights = fn.lookup_table(key, keys=list(range(len(table))), values=table, dtype=types.FLOAT, default_value=0.0)
+    luma = _luma(g, img)
+    grey = _mean_grey(luma) + luma * 0.0  # (the mean over the image's pixels, as an image)
+    candidates = fn.cat(luma, grey, _smooth(g, img), axis_name="C")
+    degenerate = fn.coord_transform(candidates, M=weights, dtype=types.FLOAT)
+    return _blend(degenerate, img, _dev(g, layer["factor"]))
