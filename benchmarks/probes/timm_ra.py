@@ -22,6 +22,8 @@ Variants (``--variants``, comma-separated; all by default):
 - ``ours-only-G``, ``dali-only-G``: RandAugment over one kind of op only (G: ``warps``, ``blends``,
   ``point``; ``GROUPS``) or one op (G: its timm or DALI name). timm applies each op with probability
   0.5, DALI's always; ``ours-only-G-fill0``, ``ours-only-G-static`` as above;
+- ``ours-n1``, ``ours-n3``, ``dali-ra-n1``, ``dali-ra-n3``: one or three layers instead of two (what a
+  layer costs each graph);
 - ``chain-C``, ``chain-C-static``: our graph of the loader benchmark's chain C (``train``, ``ta_wide``,
   ``simclr``) on the dynamic or the default executor.
 
@@ -104,7 +106,7 @@ def main(argv=None):
     def reader():
         return fn.readers.file(file_root=a.root, random_shuffle=True, name="r")[0]
 
-    def dali(ra: bool, threads: int, only=None, **pipeline_kw):
+    def dali(ra: bool, threads: int, only=None, n=2, **pipeline_kw):
         @pipeline_def(batch_size=bs, num_threads=threads, device_id=0 if gpu else None, seed=1,
                       prefetch_queue_depth=2, enable_conditionals=ra, **pipeline_kw)
         def pipe():
@@ -116,11 +118,11 @@ def main(argv=None):
                 from nvidia.dali.auto_aug.rand_augment import apply_rand_augment, get_rand_augment_suite, rand_augment
 
                 if only is None:
-                    img = rand_augment(img, n=2, m=9, fill_value=0)
+                    img = rand_augment(img, n=n, m=9, fill_value=0)
                 else:  # (rand_augment passes the warps' arguments, which apply_rand_augment refuses without warps)
                     augs = [aug for aug in get_rand_augment_suite() if aug.name in only]
                     kw = dict(fill_value=0) if set(only) & set(GROUPS["warps"][1]) else {}
-                    img = apply_rand_augment(augs, img, n=2, m=9, **kw)
+                    img = apply_rand_augment(augs, img, n=n, m=9, **kw)
             return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std,
                                             mirror=fn.random.coin_flip())
 
@@ -154,6 +156,10 @@ def main(argv=None):
         "ours-threads4": lambda: ours(timm_tf("rand-m9-mstd0.5-inc1"), max(1, t // 2)),
         "ours-threads16": lambda: ours(timm_tf("rand-m9-mstd0.5-inc1"), t * 2),
         "ours-pq4": lambda: ours(timm_tf("rand-m9-mstd0.5-inc1"), t, prefetch_queue_depth=4),
+        "ours-n1": lambda: ours(timm_tf("rand-m9-n1-mstd0.5-inc1"), t),
+        "ours-n3": lambda: ours(timm_tf("rand-m9-n3-mstd0.5-inc1"), t),
+        "dali-ra-n1": lambda: dali(True, t, n=1),
+        "dali-ra-n3": lambda: dali(True, t, n=3),
     }
     from benchmarks.common import CHAINS
     from gputransforms import transforms as T
