@@ -4,25 +4,18 @@ hand-off), fed by readers.file so Python is out of the measurement.
     python -m benchmarks.probes.ablate ROOT [--threads 8] [--batch-size 256]
 """
 import argparse
-import time
 
 import torch
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
 from benchmarks.common import CHAINS, MEAN, STD
+from benchmarks.probes.timm_ra import rate as graph_rate
 
 
 def rate(pipe, n_images, batch_size):
     pipe.build()
-    for _ in range(3):
-        pipe.run()
-    t = time.perf_counter()
-    runs = max(1, n_images // batch_size)
-    for _ in range(runs):
-        out = pipe.run()
-    out[0].as_tensor() if hasattr(out[0], "as_tensor") else None
-    return runs * batch_size / (time.perf_counter() - t)
+    return graph_rate(pipe, n_images, batch_size, warmup=3)[0]
 
 
 def main(argv=None):

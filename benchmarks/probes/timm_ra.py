@@ -46,8 +46,10 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def rate(pipe, n_images: int, batch_size: int) -> tuple:
-    for _ in range(4):
+def rate(pipe, n_images: int, batch_size: int, warmup: int = 4) -> tuple:
+    """(img/s, cores kept busy) of ``pipe.run()`` over ``n_images`` after ``warmup`` runs: a DALI
+    pipeline alone (this probe, scalar_ops and ablate)."""
+    for _ in range(warmup):
         pipe.run()
     t, c = time.perf_counter(), _cpu()
     runs = max(1, n_images // batch_size)

@@ -33,7 +33,8 @@ from .chain import NotLowerable
 
 
 def is_node(x) -> bool:
-    """A DALI node (per-sample values), not Python numbers (``dali_scalars.is_node``, which imports DALI)."""
+    """A DALI node (per-sample values), not Python numbers or a list of them (``dali_scalars.is_node``
+    without the list, in a module that imports DALI: this one must import without it)."""
     return not isinstance(x, (int, float, list))
 
 
@@ -384,8 +385,6 @@ def _switch(g, chosen, i: int, img, ops: list, layer: dict):
 def _floor(x):
     import nvidia.dali.math as dmath
 
-    from .dali_scalars import is_node
-
     return dmath.floor(x) if is_node(x) else float(math.floor(x))
 
 
@@ -445,8 +444,6 @@ def _signed(op: dict, layer: dict):
 
 def _dev(g, x):
     """A per-sample number where the image is (a Python number stays one)."""
-    from .dali_scalars import is_node
-
     return x.gpu() if g.device == "gpu" and is_node(x) else x
 
 
@@ -466,7 +463,7 @@ def _to_uint8(x):
     return fn.cast(dmath.floor(x), dtype=types.UINT8)
 
 
-def _luma(g, img):
+def _luma(img):
     """PIL's ``convert("L")`` of RGB values (uint8 or float): (R*19595 + G*38470 + B*7471 + 0x8000) >> 16,
     as one ``coord_transform`` and a floor. Exact in float32 whatever the order of the sums (or a fused
     multiply-add): each weight is a multiple of 2^-16, so every product and partial sum is a multiple of
@@ -524,7 +521,7 @@ def _apply(g, img, op: dict, layer: dict):
     if name == "Equalize":
         return fn.equalize(img)
     if name == "AutoContrast":  # per channel: lut[i] = int((i - lo) * 255 / (hi - lo)), identity if hi == lo
-        return _autocontrast(g, img)
+        return _autocontrast(img)
     if name.startswith("Posterize"):  # keep the top `bits` bits: & (256 - 2 ** (8 - bits))
         return img & _posterize_mask(g, op, layer)
     v = _argument(op, layer)
@@ -539,15 +536,15 @@ def _apply(g, img, op: dict, layer: dict):
     if name in ("Brightness", "BrightnessIncreasing"):  # blend with black
         return _to_uint8(img * factor)
     if name in ("Color", "ColorIncreasing", "Desaturate"):  # blend with PIL's grey (L) image
-        return _blend(_luma(g, img), img, factor)
+        return _blend(_luma(img), img, factor)
     if name in ("Contrast", "ContrastIncreasing"):  # blend with the rounded mean of the L image
-        return _blend(_mean_grey(_luma(g, img)), img, factor)
+        return _blend(_mean_grey(_luma(img)), img, factor)
     if name in ("Sharpness", "SharpnessIncreasing"):  # blend with PIL's SMOOTH filter, rounded
         return _blend(_smooth(g, img), img, factor)
     raise AssertionError(name)  # describe() admits only SUPPORTED names
 
 
-def _autocontrast(g, img):
+def _autocontrast(img):
     """PIL's autocontrast per channel, ``(i - lo) * (255 / (hi - lo))`` truncated, the identity where
     hi == lo: ``(img - lo') * scale`` with lo' = lo (0 where hi == lo) and scale = 255 / (hi - lo) (1
     where hi == lo) looked up from hi - lo, so uint8 throughout until the product (img >= lo, so
@@ -620,7 +617,7 @@ def _blends(g, img, names: list, layer: dict):
              for v in row]
     key = layer["idx"] * 15 + types.Constant(np.arange(15, dtype=np.int32).reshape(3, 5))
     weights = fn.lookup_table(key, keys=list(range(len(table))), values=table, dtype=types.FLOAT, default_value=0.0)
-    luma = _luma(g, img)
+    luma = _luma(img)
     grey = _mean_grey(luma) + luma * 0.0  # (the mean over the image's pixels, as an image)
     candidates = fn.cat(luma, grey, _smooth(g, img), axis_name="C")
     degenerate = fn.coord_transform(candidates, M=weights, dtype=types.FLOAT)
