@@ -91,22 +91,12 @@ def timm_tf(aa=None, fill0=False, only=None):
     return tf
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("root")
-    ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--images", type=int, default=15000)
-    ap.add_argument("--variants", default="dali-crop,dali-ra,ours-crop,ours,ours-fill0,ours-nostd,ours-static,"
-                                          "ours-threads4,ours-threads16,ours-pq4,dali-ra-dynamic")
-    ap.add_argument("--repeat", type=int, default=1)
-    a = ap.parse_args(argv)
-    bs = a.batch_size
-    gpu = torch.cuda.is_available()
+def variants(root: str, bs: int, t: int, gpu: bool) -> dict:
+    """Each variant's name and a function building its pipeline (this probe's and kernels.py's)."""
     mean, std = [m * 255 for m in MEAN], [s * 255 for s in STD]
 
     def reader():
-        return fn.readers.file(file_root=a.root, random_shuffle=True, name="r")[0]
+        return fn.readers.file(file_root=root, random_shuffle=True, name="r")[0]
 
     def dali(ra: bool, threads: int, only=None, n=2, **pipeline_kw):
         @pipeline_def(batch_size=bs, num_threads=threads, device_id=0 if gpu else None, seed=1,
@@ -145,7 +135,6 @@ def main(argv=None):
         finally:
             gd.pipeline_def = real
 
-    t = a.threads
     make = {
         "dali-crop": lambda: dali(False, t),
         "dali-ra": lambda: dali(True, t),
@@ -179,6 +168,21 @@ def main(argv=None):
             make[f"ours-only-{name}"] = lambda o=[name]: ours(timm_tf("rand-m9-mstd0.5-inc1", only=o), t)
         for name in dali_ops:
             make[f"dali-only-{name}"] = lambda o=[name]: dali(True, t, only=o)
+    return make
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--images", type=int, default=15000)
+    ap.add_argument("--variants", default="dali-crop,dali-ra,ours-crop,ours,ours-fill0,ours-nostd,ours-static,"
+                                          "ours-threads4,ours-threads16,ours-pq4,dali-ra-dynamic")
+    ap.add_argument("--repeat", type=int, default=1)
+    a = ap.parse_args(argv)
+    bs = a.batch_size
+    make = variants(a.root, bs, a.threads, torch.cuda.is_available())
     for r in range(a.repeat):
         for name in a.variants.split(","):
             pipe = make[name]()
