@@ -9,7 +9,7 @@ one sub-policy, then its ops in order), apply it with the op's probability, at a
 argument by timm's level function, with a random sign where timm negates. The graph draws the same
 per sample (DALI's random operators, so the draws are DALI's numbers, not Python's: tested by
 distribution against timm's own transform) and routes each sample to its op with DALI's
-conditionals (one two-way split on the op index per leaf).
+conditionals (an if/else chain on the leaf index, the most frequent leaf first).
 
 The ops follow PIL's formulas, as timm calls them: affine warps as PIL's inverse maps (pixel centres at
 +0.5, the rotation about (w/2, h/2)), filled with timm's per-channel ``img_mean`` (warped in float
@@ -118,12 +118,14 @@ def describe(t) -> dict:
 
 # --- graph time ------------------------------------------------------------------------------------
 #
-# DALI runs each arithmetic operator of an expression as an operator of its own, and an operator
-# costs about the same per batch whatever its size, so the graph computes what ops share once per
-# layer, outside the branches (the signed level ``+-m / 10``, when the ops share their magnitude,
-# as RandAugment's do), hands the branches as few nodes as it can (each node a branch reads is
-# split for it), keeps magnitudes without noise as Python numbers, and
-# builds a shear's or translation's matrix as one constant combination.
+# DALI runs each arithmetic operator of an expression as an operator of its own, its executor runs
+# one CPU operator at a time, and a CPU operator on per-sample numbers costs about 20 us plus 0.5-1 us
+# per sample it computes (benchmarks/probes/nvtx_ranges.c, H100): the CPU operators bounded this
+# graph. So the graph draws all layers at once (a vector per sample), computes what only one leaf
+# needs inside that leaf (on its samples only), routes the samples by an if/else chain whose later
+# splits see only what the earlier ones left, hands the branches as few nodes as it can (each node a
+# branch reads is split for it), keeps magnitudes without noise as Python numbers, and builds a
+# shear's or translation's matrix as one constant combination.
 
 def _plain(f):
     """DALI's ``do_not_convert``: ``f`` never branches on a DataNode, so AutoGraph need not rewrite
@@ -142,7 +144,7 @@ def lower(g, step, **_) -> None:
     img = g.img
     for j in range(a["layers"]):
         chosen, layer = _layer(g, a, draws, j, leaf_of)
-        img = _switch(g, chosen, 0, img, leaves, layer)
+        img = _switch(g, chosen, _order(a, j, leaves, leaf_of), img, leaves, layer)
     g.img = img
 
 
@@ -150,10 +152,9 @@ def lower(g, step, **_) -> None:
 def _leaves(ops: list) -> tuple:
     """The switch's leaves and, where they differ from ``ops``, each op's leaf (the identity last).
     The warps (rotation, shears, translations) are one leaf when they share interpolation, fill and
-    magnitude: each sample's matrix is built before the switch (``_warps_matrix``), and one warp runs
-    on the samples that chose any of them. A branch costs a split and a merge, and a split of each
-    node it reads, and each operator costs about the same per batch whatever its size: five warp
-    branches of two layers were 244 of timm RandAugment's 634 operators."""
+    magnitude: one warp runs on the samples that chose any of them, each sample's matrix built in the
+    leaf for the op it drew (``_warps_matrix``). A branch costs a split and a merge, and a split of
+    each node it reads: five warp branches of two layers were 244 of timm RandAugment's 634 operators."""
     def group(names, same):
         members = [i for i, op in enumerate(ops) if op["name"] in names]
         if len(members) < 2 or len({same(ops[i]) for i in members}) > 1:
@@ -171,7 +172,7 @@ def _leaves(ops: list) -> tuple:
         if name is None:
             leaves.append(op)
         elif i == groups[name][0]:
-            leaves.append(dict(op, name=name, names=[o["name"] for o in ops]))  # (each index's op)
+            leaves.append(dict(op, name=name, names=[o["name"] for o in ops], ops=ops))  # (each index's op)
         leaf_of.append(len(leaves) - 1 if name is None or i == groups[name][0] else leaf_of[groups[name][0]])
     return leaves, leaf_of + [len(leaves)]
 
@@ -184,30 +185,34 @@ def _shared_magnitude(ops: list) -> bool:
 
 @_plain
 def _draws(a: dict) -> dict:
-    """The random draws of all layers at once (each a vector of one number per layer): the op index
-    (or sub-policy), the coin, and where the ops share their magnitude, the signed level itself,
-    ``clip(gauss(m, mstd), 0, upper) / 10`` times a random sign, in three operators for all layers
-    (each operator costs the pipeline about as much per batch whatever it computes:
-    benchmarks/probes/scalar_ops.py); else the sign and the magnitude's noise, for ``_level_of``."""
+    """The random draws of all layers at once (each a vector of one number per layer): the op and
+    whether it applies (RandAugment with one probability for all ops: ``key``, in one draw; else the op
+    index or sub-policy and the coin), and where the ops share their magnitude, the signed level
+    itself, ``clip(gauss(m, mstd), 0, upper) / 10`` times a random sign, in three operators for all
+    layers (operators on every sample of the batch are the graph's costliest:
+    benchmarks/probes/nvtx_ranges.c); else the sign and the magnitude's noise, for ``_level_of``."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
     import nvidia.dali.types as types
 
     ops, shape = a["ops"], (a["layers"],)
     k = len(ops)
-    if a["mode"] == "rand":
-        if a["weights"] is not None:
-            pick = fn.random.choice(k, p=a["weights"], shape=shape)
-        else:
-            pick = fn.random.uniform(values=list(range(k)), shape=shape, dtype=types.INT32)
-    else:
-        pick = fn.random.uniform(values=list(range(len(a["table"][0]))), dtype=types.INT32)
     probs = {op["prob"] for op in ops}
-    if len(probs) == 1:  # applied or not, as the offset of the leaf lookup's key (_layer): 0 or k + 1
-        p = min(max(probs.pop(), 0.0), 1.0)
-        draws = dict(pick=pick, applied=fn.random.choice([0, k + 1], p=[1.0 - p, p], shape=shape))
+    if a["mode"] == "rand" and len(probs) == 1:
+        draws = dict(key=_key_draw(k, a["weights"], probs.pop(), shape))
     else:
-        draws = dict(pick=pick, apply=fn.random.uniform(range=[0.0, 1.0], shape=shape))
+        if a["mode"] == "rand":
+            if a["weights"] is not None:
+                pick = fn.random.choice(k, p=a["weights"], shape=shape)
+            else:
+                pick = fn.random.uniform(values=list(range(k)), shape=shape, dtype=types.INT32)
+        else:
+            pick = fn.random.uniform(values=list(range(len(a["table"][0]))), dtype=types.INT32)
+        if len(probs) == 1:  # applied or not, as the offset of the leaf lookup's key (_layer): 0 or k + 1
+            p = min(max(probs.pop(), 0.0), 1.0)
+            draws = dict(pick=pick, applied=fn.random.choice([0, k + 1], p=[1.0 - p, p], shape=shape))
+        else:
+            draws = dict(pick=pick, apply=fn.random.uniform(range=[0.0, 1.0], shape=shape))
     if any(op["name"] == "GaussianBlurRand" for op in ops):
         draws["blur"] = fn.random.uniform(range=[0.0, 1.0], shape=shape)
     if _shared_magnitude(ops):
@@ -232,64 +237,107 @@ def _draws(a: dict) -> dict:
     return draws
 
 
+def _key_draw(k: int, weights, prob: float, shape):
+    """RandAugment's op and whether it applies, in one draw: the key ``_layer`` would build from them,
+    0 for a sample left as it is, ``k + 1 + i`` for op i applied (one random operator and no sum per
+    layer)."""
+    import nvidia.dali.fn as fn
+
+    p = min(max(prob, 0.0), 1.0)
+    values, chances = ([0], [1.0 - p]) if p < 1.0 else ([], [])
+    for i, w in enumerate(weights or [1.0 / k] * k):
+        if w * p > 0:
+            values.append(k + 1 + i)
+            chances.append(w * p)
+    total = sum(chances)
+    return fn.random.choice(values, p=[c / total for c in chances], shape=shape)
+
+
 @_plain
 def _layer(g, a: dict, draws: dict, j: int, leaf_of):
-    """Layer ``j``'s chosen leaf per sample (the last: none) and the nodes its branches read."""
+    """Layer ``j``'s chosen leaf per sample (the last: none) and the nodes its branches read: ``key``, the
+    op index plus ``k + 1`` where the op is applied (the leaves' lookups by op index are keyed by it:
+    inside a leaf every sample is applied), and the draws of the layer. What only one leaf needs (the
+    warps' matrix, the blends' factor) is computed inside that leaf, on its samples only: a CPU operator
+    costs the pipeline in proportion to the samples it computes (benchmarks/probes/nvtx_ranges.c)."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
     ops = a["ops"]
     k = len(ops)
-    if a["mode"] == "rand":
-        idx = draws["pick"][j]
-    else:
-        idx = fn.lookup_table(draws["pick"], keys=list(range(len(a["table"][j]))), values=a["table"][j],
-                              dtype=types.INT32, default_value=k)
     layer = {key: node[j] for key, node in draws.items() if key != "pick"}
-    if "applied" in layer:
-        offset = layer.pop("applied")
-    else:
-        probs = [op["prob"] for op in ops]
-        p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
-        offset = (layer.pop("apply") < p) * (k + 1)
+    if "key" not in layer:
+        if a["mode"] == "rand":
+            idx = draws["pick"][j]
+        else:
+            idx = fn.lookup_table(draws["pick"], keys=list(range(len(a["table"][j]))), values=a["table"][j],
+                                  dtype=types.INT32, default_value=k)
+        if "applied" in layer:
+            offset = layer.pop("applied")
+        else:
+            probs = [op["prob"] for op in ops]
+            p = fn.lookup_table(idx, keys=list(range(k)), values=probs, dtype=types.FLOAT, default_value=0.0)
+            offset = (layer.pop("apply") < p) * (k + 1)
+        layer["key"] = idx + offset
     # the leaf, in one lookup: idx (k where a sub-policy has no op here) for applied samples, the
     # identity (the last leaf) for the others; key idx + (k + 1) * applied
     leaf = list(range(k + 1)) if leaf_of is None else list(leaf_of)
     none = leaf[k]
-    chosen = fn.lookup_table(idx + offset, keys=list(range(2 * (k + 1))), values=[none] * (k + 1) + leaf,
+    chosen = fn.lookup_table(layer["key"], keys=list(range(2 * (k + 1))), values=[none] * (k + 1) + leaf,
                              dtype=types.INT32, default_value=none)
-    if leaf_of is None:
-        return chosen, layer
-    merged = [ops[i] for i in range(k) if leaf_of.count(leaf_of[i]) > 1]
-    warp = next((op for op in merged if op["name"] in _GEOMETRIC), None)
-    blend = next((op for op in merged if op["name"] in _BLENDS), None)
-    if warp is not None:
-        layer["matrix"] = _warps_matrix(g, ops, idx, _signed(warp, layer))
-    if blend is not None:  # the blends' factor (they share it) and, inside the leaf, which degenerate
-        layer["factor"], layer["idx"] = _argument(blend, layer), idx
     return chosen, layer
 
 
-def _warps_matrix(g, ops: list, idx, s):
-    """Each sample's inverse map for whichever warp ``idx`` names (identity for the other ops), from
-    its signed level ``s``: ``_affine`` with the rotation's angle per unit of level and the shear and
-    translation entries per unit of level looked up by op index (zero for the other ops), the six
+@_plain
+def _order(a: dict, j: int, leaves: list, leaf_of) -> list:
+    """Layer ``j``'s leaves (``len(leaves)``: the identity) that a sample can choose, most often chosen
+    first: the order of ``_switch``'s splits, each taking its leaf's samples from what the ones before
+    left. A leaf no sample can choose here (an op of probability 0, an op another position of
+    AutoAugment's sub-policies holds) is left out."""
+    ops, k = a["ops"], len(a["ops"])
+    prob = [min(max(op["prob"], 0.0), 1.0) for op in ops]
+    if a["mode"] == "rand":
+        weights = a["weights"] or [1.0 / k] * k
+        share = [(w * p, w * (1.0 - p)) for w, p in zip(weights, prob)]  # (applied, not) per op
+    else:
+        column = a["table"][j]
+        share = [(0.0, 0.0)] * k
+        for i in column:
+            if i < k:
+                share[i] = (share[i][0] + prob[i] / len(column), share[i][1] + (1.0 - prob[i]) / len(column))
+        share.append((0.0, column.count(k) / len(column)))  # positions a sub-policy does not reach
+    leaf = list(range(k + 1)) if leaf_of is None else list(leaf_of)
+    none = leaf[k]
+    freq = {}
+    for i, (on, off) in enumerate(share):
+        if on > 0 and i < k:
+            freq[leaf[i]] = freq.get(leaf[i], 0.0) + on
+        if off > 0:
+            freq[none] = freq.get(none, 0.0) + off
+    return sorted(freq, key=lambda i: (-freq[i], i))
+
+
+def _warps_matrix(g, ops: list, key, s):
+    """Each sample's inverse map for whichever warp its ``key`` (op index + ``len(ops) + 1``: ``_layer``)
+    names, from its signed level ``s``: ``_affine`` with the rotation's angle per unit of level and the
+    shear and translation entries per unit of level looked up by op (zero for the other ops), the six
     entries in one lookup. For a single op this is ``_warp_matrix``'s matrix to the bit: the same
     ``_affine`` with the same numbers."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
 
     k = len(ops)
-    rot = fn.lookup_table(idx, keys=list(range(k)), values=[_rotation(op) for op in ops], dtype=types.FLOAT,
-                          default_value=0.0)
+    base = k + 1
+    rot = fn.lookup_table(key, keys=[base + i for i in range(k)], values=[_rotation(op) for op in ops],
+                          dtype=types.FLOAT, default_value=0.0)
     units = [_unit(g, op) for op in ops]
-    if any(is_node(u) for u in units):  # sizes known per sample only: each op's entries weighted by its index
-        unit = sum(fn.lookup_table(idx, keys=[i], values=[1.0], dtype=types.FLOAT, default_value=0.0) * _node(u)
+    if any(is_node(u) for u in units):  # sizes known per sample only: each op's entries weighted by its key
+        unit = sum(fn.lookup_table(key, keys=[base + i], values=[1.0], dtype=types.FLOAT, default_value=0.0) * _node(u)
                    for i, u in enumerate(units) if is_node(u) or any(u))
-    else:  # entry e of op i at key 6 i + e (a 2x3 key: a 2x3 matrix)
-        key = idx * 6 + types.Constant(np.arange(6, dtype=np.int32).reshape(2, 3))
-        unit = fn.lookup_table(key, keys=list(range(6 * k)), values=[float(v) for u in units for v in u],
-                               dtype=types.FLOAT, default_value=0.0)
+    else:  # entry e of op i at key 6 (base + i) + e (a 2x3 key: a 2x3 matrix)
+        key6 = key * 6 + types.Constant(np.arange(6, dtype=np.int32).reshape(2, 3))
+        unit = fn.lookup_table(key6, keys=list(range(6 * base, 6 * (base + k))),
+                               values=[float(v) for u in units for v in u], dtype=types.FLOAT, default_value=0.0)
     return _affine(g, s, rot, unit)
 
 
@@ -368,18 +416,27 @@ def _affine(g, s, rot, unit):
     return fn.transforms.rotation(angle=s * rot, center=centre) + scaled
 
 
-def _switch(g, chosen, i: int, img, ops: list, layer: dict):
-    """``ops[chosen]`` on each sample (``len(ops)``: the identity), one leaf after another: the samples
-    of leaf ``i`` split from the batch by DALI's conditionals (a Python ``if`` on a node: the pipeline is
-    traced with conditionals on), the op applied, the batch merged back. Each node a leaf reads is split
-    once, where a tree halving the index range split it at every level above the leaf: timm's
-    rand-m9-mstd0.5-inc1 in 236 operators instead of 272, the same images, the graph alone 9% faster
-    on an H100 (benchmarks/results/stop13-timm-ra.txt)."""
-    if i == len(ops):
-        return img
+def _switch(g, chosen, order: list, img, leaves: list, layer: dict):
+    """``leaves[chosen]`` on each sample (``len(leaves)``: the identity), as an if/else chain in ``order``:
+    the samples of the first leaf split from the batch by DALI's conditionals (a Python ``if`` on a node:
+    the pipeline is traced with conditionals on), the rest passed on to the next split, the last leaf
+    applied to what is left without a test, the branches merged back on the way out. Each split,
+    predicate and merge computes only the samples the leaves before left, and the operators pay per
+    sample: the identity (timm's ops apply with probability 0.5) goes first, then the warps and the
+    blends (five and four of RandAugment's fifteen ops)."""
+    i = order[0]
+    if len(order) == 1:
+        return _leaf(g, img, leaves, i, layer)
     if chosen == i:
-        img = _apply(g, img, ops[i], layer)
-    return _switch(g, chosen, i + 1, img, ops, layer)
+        out = _leaf(g, img, leaves, i, layer)
+    else:
+        out = _switch(g, chosen, order[1:], img, leaves, layer)
+    return out
+
+
+@_plain
+def _leaf(g, img, leaves: list, i: int, layer: dict):
+    return img if i == len(leaves) else _apply(g, img, leaves[i], layer)
 
 
 def _floor(x):
@@ -510,10 +567,11 @@ def _apply(g, img, op: dict, layer: dict):
     from .dali_scalars import smax
 
     name = op["name"]
-    if name == "Warps":  # the warps as one leaf: each sample's matrix is built before the switch
-        return _warp(g, img, layer["matrix"], op)
+    if name == "Warps":  # the warps as one leaf: each sample's matrix for the op its key names
+        warp = next(o for o in op["ops"] if o["name"] in _GEOMETRIC)
+        return _warp(g, img, _warps_matrix(g, op["ops"], layer["key"], _signed(warp, layer)), op)
     if name == "Blends":  # PIL's ImageEnhance ops as one leaf: a blend with the sample's own degenerate
-        return _blends(g, img, op["names"], layer)
+        return _blends(g, img, op, layer)
     if name in _GEOMETRIC:
         return _warp(g, img, _warp_matrix(g, op, layer), op)
     if name == "Invert":
@@ -599,7 +657,7 @@ def _smooth(g, img):
     return dmath.floor(fn.filter(img, kernel, border="clamp", dtype=types.FLOAT) + 0.5)
 
 
-def _blends(g, img, names: list, layer: dict):
+def _blends(g, img, op: dict, layer: dict):
     """Colour, contrast, brightness and sharpness as one leaf: ``degenerate = luma * [Color] +
     mean grey * [Contrast] + smooth * [Sharpness]`` (0 for Brightness), each weight 1 for the op the
     sample drew and 0 otherwise, then PIL's blend with the shared factor: the single op's result to
@@ -613,12 +671,16 @@ def _blends(g, img, names: list, layer: dict):
     # candidates: luma, mean grey, smooth R, G, B; each output channel takes one of them by the op
     rows = {"Color": [[1.0, 0, 0, 0, 0]] * 3, "Contrast": [[0, 1.0, 0, 0, 0]] * 3,
             "Sharpness": [[0, 0, 1.0, 0, 0], [0, 0, 0, 1.0, 0], [0, 0, 0, 0, 1.0]]}  # Brightness, the rest: 0
+    names = op["names"]
     table = [float(v) for name in names for row in rows.get(name.replace("Increasing", ""), [[0.0] * 5] * 3)
              for v in row]
-    key = layer["idx"] * 15 + types.Constant(np.arange(15, dtype=np.int32).reshape(3, 5))
-    weights = fn.lookup_table(key, keys=list(range(len(table))), values=table, dtype=types.FLOAT, default_value=0.0)
+    base = 15 * (len(names) + 1)  # the key: op index + len(names) + 1 (_layer)
+    key = layer["key"] * 15 + types.Constant(np.arange(15, dtype=np.int32).reshape(3, 5))
+    weights = fn.lookup_table(key, keys=list(range(base, base + len(table))), values=table, dtype=types.FLOAT,
+                              default_value=0.0)
     luma = _luma(img)
     grey = _mean_grey(luma) + luma * 0.0  # (the mean over the image's pixels, as an image)
     candidates = fn.cat(luma, grey, _smooth(g, img), axis_name="C")
     degenerate = fn.coord_transform(candidates, M=weights, dtype=types.FLOAT)
-    return _blend(degenerate, img, _dev(g, layer["factor"]))
+    blend = next(o for o in op["ops"] if o["name"] in _BLENDS)
+    return _blend(degenerate, img, _dev(g, _argument(blend, layer)))
