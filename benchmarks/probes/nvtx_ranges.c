@@ -3,7 +3,7 @@
  * pipeline's operators cost on the host, operator by operator, without Nsight Systems.
  *   cc -shared -fPIC -O2 -I/usr/local/cuda/include -o /tmp/libnvtxr.so benchmarks/probes/nvtx_ranges.c -lpthread
  *   NVTX_INJECTION64_PATH=/tmp/libnvtxr.so NVTX_OUT=ranges.tsv python -m benchmarks.probes.kernels ...
- * NVTX_OUT (default stderr): one line per range, "tid<TAB>start_ns<TAB>end_ns<TAB>name" (CLOCK_MONOTONIC, the
+ * NVTX_OUT (default stderr; NVTX_PER_PID=1: NVTX_OUT.<pid>, for processes that fork): one line per range, "tid<TAB>start_ns<TAB>end_ns<TAB>name" (CLOCK_MONOTONIC, the
  * clock of Python's time.monotonic_ns). At most NVTX_MAX ranges (default 400,000) are kept; the rest are counted. */
 #define NVTX_NO_IMPL /* the types only: this library is what NVTX loads */
 #include <nvtx3/nvToolsExt.h>
@@ -73,6 +73,11 @@ static nvtxStringHandle_t NVTX_API register_string(nvtxDomainHandle_t d, const c
 
 static void dump(void) {
   const char *path = getenv("NVTX_OUT");
+  char with_pid[4096];
+  if (path && getenv("NVTX_PER_PID")) {  /* forked children (a loader's workers) write files of their own */
+    snprintf(with_pid, sizeof with_pid, "%s.%d", path, (int)getpid());
+    path = with_pid;
+  }
   FILE *f = path ? fopen(path, "w") : stderr;
   if (!f) return;
   size_t n = atomic_load(&used);

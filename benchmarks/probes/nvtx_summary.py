@@ -4,8 +4,11 @@ time fills the window bounds the pipeline); per kind of range (an operator's Set
 the executor's steps), the time per batch and how many per batch; per thread, the time inside any range.
 
     python -m benchmarks.probes.nvtx_summary RANGES.tsv START_NS END_NS BATCHES [--top 40]
+    python -m benchmarks.probes.nvtx_summary RANGES.tsv 0 0 0 --tail SECONDS
 
-(START_NS END_NS: a window ``kernels.py --window`` prints.) Per-sample ranges (a decoder's "decode #12")
+(START_NS END_NS: a window ``kernels.py --window`` prints; or, for a process that prints none (a loader
+benchmark), the last ``--tail`` seconds of the ranges, with the batches counted as the executor's
+``PopOutputs`` in them.) Per-sample ranges (a decoder's "decode #12")
 are grouped without their numbers.
 """
 from __future__ import annotations
@@ -15,7 +18,10 @@ import re
 from collections import defaultdict
 
 
-def load(path: str, start: int, end: int) -> list:
+def load(path: str, start: int, end: int, tail: float = 0.0) -> list:
+    if tail:
+        end = max(int(line.split("\t")[2]) for line in open(path) if not line.startswith("#"))
+        start = end - int(tail * 1e9)
     out = []
     with open(path) as f:
         for line in f:
@@ -77,8 +83,12 @@ def main(argv=None):
     ap.add_argument("end", type=int)
     ap.add_argument("batches", type=int)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--tail", type=float, default=0.0, help="the last SECONDS of the ranges as the window")
     a = ap.parse_args(argv)
-    print(summary(load(a.ranges, a.start, a.end), a.batches, a.end - a.start, a.top))
+    ranges = load(a.ranges, a.start, a.end, a.tail)
+    window = int(a.tail * 1e9) if a.tail else a.end - a.start
+    batches = a.batches or max(1, sum(1 for r in ranges if r[3] == "[DALI][Executor] PopOutputs"))
+    print(summary(ranges, batches, window, a.top))
 
 
 if __name__ == "__main__":
