@@ -256,3 +256,14 @@ def make_data(root: str, n: int):
                                  jobs=os.cpu_count() or 1)
 
 
+def interval_union(intervals: list) -> float:
+    """Length of the union of (start, end) intervals: how long any of them ran (gpu_time.py, the probes)."""
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total

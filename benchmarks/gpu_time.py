@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import cuda_sync, gc_collect, make_data, on_gpu
+from benchmarks.common import cuda_sync, gc_collect, interval_union, make_data, on_gpu
 from benchmarks.pipelines import pipeline
 
 SOURCES = ("dali", "nvjpeg", "torch", "copy", "other")
@@ -47,19 +47,6 @@ def _source(name: str) -> str:
     if "at::" in n or "void at_" in n or "cudnn" in n or "cutlass" in n or "sm90" in n or "gemm" in n:
         return "torch"
     return "other"
-
-
-def _busy(intervals: list) -> float:
-    """Length of the union of (start, end) intervals."""
-    total, end = 0.0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
 
 
 def _batches(make):
@@ -116,7 +103,7 @@ def profile_pipeline(make, n_batches: int, warmup: int = 5) -> dict:
         kind = _source(e.name)
         by_source[kind] += (t - s) / 1e3
         kernels += kind != "copy"
-    out = dict(wall_ms=wall / n_batches * 1e3, gpu_busy_ms=_busy(intervals) / 1e3 / n_batches,
+    out = dict(wall_ms=wall / n_batches * 1e3, gpu_busy_ms=interval_union(intervals) / 1e3 / n_batches,
                kernels=kernels / n_batches, cpu_cores=cpu / wall, tail_ms=spent["s"] / n_batches * 1e3,
                batches=n_batches)
     out.update({f"{k}_ms": v / n_batches for k, v in by_source.items()})

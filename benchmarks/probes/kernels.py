@@ -22,6 +22,7 @@ from collections import defaultdict
 
 import torch
 
+from benchmarks.common import interval_union
 from benchmarks.probes.timm_ra import _cpu, variants
 
 
@@ -37,19 +38,6 @@ def group_name(name: str) -> str:
         elif depth == 0:
             out.append(ch)
     return "".join(out).strip() or name[:80]
-
-
-def busy(intervals: list) -> float:
-    """Total length of the union of (start, end) intervals."""
-    total, end = 0.0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
 
 
 def window(pipe, batches: int, warmup: int = 4) -> dict:
@@ -100,7 +88,7 @@ def profile(pipe, batches: int, warmup: int = 4, trace: str = None) -> dict:
     per = 1.0 / batches
     return dict(
         wall_ms=wall * 1e3 * per, cores=cpu / wall,
-        busy_ms=busy([(e.time_range.start, e.time_range.end) for e in kernels]) * 1e-3 * per,
+        busy_ms=interval_union([(e.time_range.start, e.time_range.end) for e in kernels]) * 1e-3 * per,
         sum_ms=sum(g[0] for g in groups.values()) * 1e-3 * per, launches=len(kernels) * per,
         groups={k: (v[0] * 1e-3 * per, v[1] * per) for k, v in sorted(groups.items(), key=lambda kv: -kv[1][0])})
 

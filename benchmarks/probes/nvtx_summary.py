@@ -17,6 +17,8 @@ import argparse
 import re
 from collections import defaultdict
 
+from benchmarks.common import interval_union as union
+
 
 def load(path: str, start: int, end: int, tail: float = 0.0) -> list:
     if tail:
@@ -38,18 +40,6 @@ def load(path: str, start: int, end: int, tail: float = 0.0) -> list:
 
 def kind(name: str) -> str:
     return re.sub(r"\s*#?\d+$", "", name).strip() or "(no name)"
-
-
-def union(intervals: list) -> int:
-    total, last = 0, None
-    for s, e in sorted(intervals):
-        if last is None or s > last:
-            total += e - s
-            last = e
-        elif e > last:
-            total += e - last
-            last = e
-    return total
 
 
 def summary(ranges: list, batches: int, window_ns: int, top: int = 40) -> str:
