@@ -163,6 +163,12 @@ def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
     first = next(it)
     cuda_sync()
     ttfb = time.perf_counter() - t0
+    x0 = first[0] if isinstance(first[0], torch.Tensor) else first[0][0]  # (detection: the first image)
+    about = dict(shape=list(x0.shape), dtype=str(x0.dtype), device=str(x0.device))
+    # a training loop holds one batch at a time: the first one kept alive through the measurement would
+    # count a batch of device memory against loaders whose batches are their own (torch's), and none
+    # against one whose batches live in DALI's pool until the next
+    del first, x0
     seen_warm = 1
     counted = 0
     t_start = None
@@ -184,10 +190,8 @@ def timed(make_iterable, n_images: int, warmup_batches: int = 3) -> dict:
         it = iter(loader)
     cuda_sync()
     elapsed = time.perf_counter() - t_start
-    x0 = first[0] if isinstance(first[0], torch.Tensor) else first[0][0]  # (detection: the first image)
-    out = dict(img_s=counted / elapsed, ttfb_s=ttfb, images=counted, gpu_mem_mb=mem.stop_mb(),
-               shape=list(x0.shape), dtype=str(x0.dtype), device=str(x0.device))
-    del loader, it, first
+    out = dict(img_s=counted / elapsed, ttfb_s=ttfb, images=counted, gpu_mem_mb=mem.stop_mb(), **about)
+    del loader, it
     gc_collect()
     return out
 
