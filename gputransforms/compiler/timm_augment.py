@@ -143,8 +143,8 @@ def lower(g, step, **_) -> None:
     leaves, leaf_of = _leaves(a["ops"])
     img = g.img
     for j in range(a["layers"]):
-        chosen, layer = _layer(g, a, draws, j, leaf_of)
-        img = _switch(g, chosen, _order(a, j, leaves, leaf_of), img, leaves, layer)
+        chosen, layer = _layer(a, draws, j, leaf_of)
+        img = _switch(g, chosen, _order(a, j, leaf_of), img, leaves, layer)
     g.img = img
 
 
@@ -172,7 +172,7 @@ def _leaves(ops: list) -> tuple:
         if name is None:
             leaves.append(op)
         elif i == groups[name][0]:
-            leaves.append(dict(op, name=name, names=[o["name"] for o in ops], ops=ops))  # (each index's op)
+            leaves.append(dict(op, name=name, ops=ops))  # (each index's op)
         leaf_of.append(len(leaves) - 1 if name is None or i == groups[name][0] else leaf_of[groups[name][0]])
     return leaves, leaf_of + [len(leaves)]
 
@@ -254,7 +254,7 @@ def _key_draw(k: int, weights, prob: float, shape):
 
 
 @_plain
-def _layer(g, a: dict, draws: dict, j: int, leaf_of):
+def _layer(a: dict, draws: dict, j: int, leaf_of):
     """Layer ``j``'s chosen leaf per sample (the last: none) and the nodes its branches read: ``key``, the
     op index plus ``k + 1`` where the op is applied (the leaves' lookups by op index are keyed by it:
     inside a leaf every sample is applied), and the draws of the layer. What only one leaf needs (the
@@ -289,10 +289,10 @@ def _layer(g, a: dict, draws: dict, j: int, leaf_of):
 
 
 @_plain
-def _order(a: dict, j: int, leaves: list, leaf_of) -> list:
-    """Layer ``j``'s leaves (``len(leaves)``: the identity) that a sample can choose, most often chosen
-    first: the order of ``_switch``'s splits, each taking its leaf's samples from what the ones before
-    left. A leaf no sample can choose here (an op of probability 0, an op another position of
+def _order(a: dict, j: int, leaf_of) -> list:
+    """Layer ``j``'s leaves (the last, ``leaf_of[k]``: the identity) that a sample can choose, most
+    often chosen first: the order of ``_switch``'s splits, each taking its leaf's samples from what the
+    ones before left. A leaf no sample can choose here (an op of probability 0, an op another position of
     AutoAugment's sub-policies holds) is left out."""
     ops, k = a["ops"], len(a["ops"])
     prob = [min(max(op["prob"], 0.0), 1.0) for op in ops]
@@ -671,7 +671,7 @@ def _blends(g, img, op: dict, layer: dict):
     # candidates: luma, mean grey, smooth R, G, B; each output channel takes one of them by the op
     rows = {"Color": [[1.0, 0, 0, 0, 0]] * 3, "Contrast": [[0, 1.0, 0, 0, 0]] * 3,
             "Sharpness": [[0, 0, 1.0, 0, 0], [0, 0, 0, 1.0, 0], [0, 0, 0, 0, 1.0]]}  # Brightness, the rest: 0
-    names = op["names"]
+    names = [o["name"] for o in op["ops"]]
     table = [float(v) for name in names for row in rows.get(name.replace("Increasing", ""), [[0.0] * 5] * 3)
              for v in row]
     base = 15 * (len(names) + 1)  # the key: op index + len(names) + 1 (_layer)
