@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import cuda_sync, gc_collect, interval_union, make_data, on_gpu
+from benchmarks.common import cpu_seconds, cuda_sync, gc_collect, interval_union, make_data, on_gpu
 from benchmarks.pipelines import pipeline
 
 SOURCES = ("dali", "nvjpeg", "torch", "copy", "other")
@@ -57,11 +56,6 @@ def _batches(make):
             yield b
 
 
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def profile_pipeline(make, n_batches: int, warmup: int = 5) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -85,11 +79,11 @@ def profile_pipeline(make, n_batches: int, warmup: int = 5) -> dict:
     tail.run_tail = timed_tail
     try:  # (without a GPU: no kernels, only the wall and CPU times)
         with profile(activities=[ProfilerActivity.CUDA if on_gpu() else ProfilerActivity.CPU]) as prof:
-            c0, t0 = _cpu_s(), time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             for _ in range(n_batches):
                 next(source)
             cuda_sync()
-            wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
+            wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     finally:
         tail.run_tail = run_tail
         source.close()

@@ -22,8 +22,8 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.common import interval_union
-from benchmarks.probes.timm_ra import _cpu, variants
+from benchmarks.common import cpu_seconds, interval_union
+from benchmarks.probes.timm_ra import variants
 
 
 def group_name(name: str) -> str:
@@ -45,13 +45,13 @@ def window(pipe, batches: int, warmup: int = 4) -> dict:
     (for the NVTX ranges of nvtx_ranges.c, which uses that clock)."""
     for _ in range(warmup):
         pipe.run()
-    t0, c = time.monotonic_ns(), _cpu()
+    t0, c = time.monotonic_ns(), cpu_seconds()
     for _ in range(batches):
         pipe.run()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t1 = time.monotonic_ns()
-    return dict(wall_ms=(t1 - t0) * 1e-6 / batches, cores=(_cpu() - c) / ((t1 - t0) * 1e-9), start_ns=t0, end_ns=t1)
+    return dict(wall_ms=(t1 - t0) * 1e-6 / batches, cores=(cpu_seconds() - c) / ((t1 - t0) * 1e-9), start_ns=t0, end_ns=t1)
 
 
 def profile(pipe, batches: int, warmup: int = 4, trace: str = None) -> dict:
@@ -64,12 +64,12 @@ def profile(pipe, batches: int, warmup: int = 4, trace: str = None) -> dict:
         torch.cuda.synchronize()
     acts = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
     with torch.profiler.profile(activities=acts) as prof:
-        t, c = time.perf_counter(), _cpu()
+        t, c = time.perf_counter(), cpu_seconds()
         for _ in range(batches):
             pipe.run()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        wall, cpu = time.perf_counter() - t, _cpu() - c
+        wall, cpu = time.perf_counter() - t, cpu_seconds() - c
     if trace:  # the whole timeline (kernels by stream, CUDA calls by thread), gzipped, for a look afterwards
         import gzip
         import os

@@ -32,18 +32,12 @@ Per variant: img/s, and the process's CPU time over wall time (cores kept busy).
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import torch
 from nvidia.dali import fn, pipeline_def, types
 
-from benchmarks.common import MEAN, STD
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from benchmarks.common import MEAN, STD, cpu_seconds
 
 
 def rate(pipe, n_images: int, batch_size: int, warmup: int = 4) -> tuple:
@@ -51,13 +45,13 @@ def rate(pipe, n_images: int, batch_size: int, warmup: int = 4) -> tuple:
     pipeline alone (this probe, scalar_ops and ablate)."""
     for _ in range(warmup):
         pipe.run()
-    t, c = time.perf_counter(), _cpu()
+    t, c = time.perf_counter(), cpu_seconds()
     runs = max(1, n_images // batch_size)
     for _ in range(runs):
         out = pipe.run()
     out[0].as_tensor() if hasattr(out[0], "as_tensor") else None
     wall = time.perf_counter() - t
-    return runs * batch_size / wall, (_cpu() - c) / wall
+    return runs * batch_size / wall, (cpu_seconds() - c) / wall
 
 
 GROUPS = {  # (timm's ops, DALI's ops) by kind, for the ``ours-only-`` and ``dali-only-`` variants
