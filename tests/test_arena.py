@@ -50,6 +50,25 @@ def test_pieces_come_back_as_they_went():
     rings.close()
 
 
+def test_pieces_start_aligned_and_a_pickle_loads_in_place():
+    """Each piece starts on a multiple of 64 bytes (a ring whose size is none), so a pickled target's
+    arrays (64-aligned in the pickle) can be viewed as their dtype where they are: ``load(IN_PLACE)``."""
+    rings = arena.Rings(1, size=32 * arena.LARGE + 100)
+    assert rings.cap % 64 == 0
+    target = {"masks": np.arange(arena.LARGE, dtype=np.int32).reshape(64, -1), "image_id": 3}
+    sent = [rings.stash(0, 1, [p])[0] for p in (_piece(arena.LARGE + 3, 0), ArraysApart.dumps(target),
+                                                _piece(arena.LARGE + 61, 1), ArraysApart.dumps(target))]
+    assert all(_in_ring(s) and s[2] % 64 == 0 for s in sent)
+    view = np.frombuffer(rings.maps[0], np.uint8, count=sent[3][3], offset=arena._HEADER + sent[3][2])
+    loaded = pickled.load(view, pin=pickled.IN_PLACE)
+    assert isinstance(loaded["masks"], torch.Tensor) and loaded["masks"].dtype == torch.int32
+    assert torch.equal(loaded["masks"], torch.from_numpy(target["masks"]))
+    assert np.shares_memory(loaded["masks"].numpy(), np.frombuffer(rings.maps[0], np.uint8))  # no copy
+    del loaded, view
+    assert not rings.register()  # (no CUDA here, or not asked for: pieces are copied out as before)
+    rings.close()
+
+
 def test_held_pieces_are_read_where_they_are_until_released():
     """unstash(hold=True): an encoded file comes back as a view of the ring (DALI reads it there) and the
     ring is not marked read, so the worker cannot write over it, until release(); a pickled target is
@@ -118,8 +137,9 @@ def voc(photo_folder, tmp_path_factory):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_loaders_workers_hand_over_through_the_rings_as_through_the_pipe(voc, monkeypatch, device):
-    """On the GPU, the masks that came through the rings were loaded into pinned memory and copied to the
-    device from there; those through the pipe took one pinned buffer: the batches are the same."""
+    """On the GPU, the masks that came through the rings were copied to the device from the rings
+    themselves (registered with CUDA); those through the pipe took one pinned buffer: the batches are the
+    same."""
     ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCSegmentation(
         str(voc), year="2012", image_set="train", transforms=SegmentationPresetTrain(base_size=160, crop_size=144)))
 
@@ -135,12 +155,15 @@ def test_a_loaders_workers_hand_over_through_the_rings_as_through_the_pipe(voc, 
         del it
         out.append([(x.clone(), m.clone()) for x, m in loader])
         rings = loader._backend.idle[0].decoders.rings
-        return out, rings.taken if rings else 0
+        return out, rings.taken if rings else 0, bool(rings and rings.registered)
 
     # every piece from 1 KB on through small rings (wrapping, some pieces through the pipe), against none
-    ring_out, taken = epochs(LARGE=1024, RING=256 * 1024)
-    pipe_out, none = epochs(LARGE=1024, RING=0)
+    ring_out, taken, in_place = epochs(LARGE=1024, RING=256 * 1024)
+    pipe_out, none, _ = epochs(LARGE=1024, RING=0)
     assert taken > 50 and none == 0
+    # on the GPU the rings are page-locked and the masks copied to the device from where the workers wrote
+    # them: the ring's space is reused only once those copies have run (or the masks would differ below)
+    assert in_place == (device == "gpu")
     for ours, theirs in zip(ring_out, pipe_out):
         assert len(ours) == len(theirs) == 6
         for (x, m), (xp, mp) in zip(ours, theirs):

@@ -12,7 +12,10 @@ file in /dev/shm, mapped: each forked worker inherits the mapping, and nothing o
 A worker writes each large piece into its ring and sends only where it is; the main thread copies it
 out as soon as it takes the item from torch's queue (a pickled target, ``pickled.Pickled``, it loads
 from the ring itself, its masks into pinned memory when the batch goes to the GPU: ``pin``), and marks
-the ring read up to there. A piece that
+the ring read up to there. When the batch goes to the GPU the rings are also registered with CUDA as
+page-locked memory (``cudaHostRegister``, in the main process once the workers run): a pickled target's
+large arrays are then views of the ring, which the copy to the device reads where the worker wrote
+them, and the ring is marked read only once that copy has run (``ProcessEpochFeed.copied``). A piece that
 does not fit in the ring's free space, a worker started otherwise than by fork, or a host whose /dev/shm
 has no room, sends the piece through the pipe as before.
 
@@ -30,6 +33,7 @@ import tempfile
 from typing import Optional
 
 import numpy as np
+import torch
 
 from ..datasets import pickled
 from ..datasets.pickled import Pickled
@@ -39,6 +43,7 @@ LARGE = 1 << 15
 #: a ring's size at most (the items a worker has ahead are a few chunks of samples: ``ProcessDecoders``)
 RING = 16 << 20
 _HEADER = 64  # the first word: the offset read up to (written by the main thread only)
+_ALIGN = 64  # each piece starts on a multiple of this (its arrays may be viewed as their dtype)
 _TAG = "\0gputransforms-ring"
 
 
@@ -49,8 +54,10 @@ class Rings:
         self.maps: list = []
         self.taken = 0  # pieces copied out (the main thread's count)
         self.pin = pin  # a pickled target's large arrays are loaded into pinned memory (the batch goes to the GPU)
+        self.registered: Optional[list] = None  # the rings' addresses once registered with CUDA (or [] if not)
+        self.last_copy = None  # the CUDA event after the last batch's copies that read the rings in place
         size = min(RING if size is None else size, _room(workers))
-        self.cap = size - _HEADER
+        self.cap = (size - _HEADER) // _ALIGN * _ALIGN
         # the worker's side (each worker process has its own copy of these after the fork)
         self.written = 0
         self.freed = 0  # everything written before the current epoch began is free
@@ -72,7 +79,11 @@ class Rings:
         return {"maps": []}
 
     def close(self) -> None:
+        self.wait_for_copies()
         maps, self.maps = self.maps, []
+        for addr in self.registered or ():
+            _cudart().cudaHostUnregister(addr)
+        self.registered = None
         for m in maps:
             try:
                 m.close()
@@ -107,7 +118,8 @@ class Rings:
         return x
 
     def _put(self, m, worker: int, data, kind: str):
-        n = len(data)
+        n = -(-len(data) // _ALIGN) * _ALIGN  # (the space it takes)
+        self.written = -(-self.written // _ALIGN) * _ALIGN
         at = self.written % self.cap
         skip = self.cap - at if at + n > self.cap else 0  # a piece never wraps: the ring's end is left unused
         read = max(int(np.frombuffer(m, np.int64, count=1)[0]), self.freed)
@@ -115,11 +127,37 @@ class Rings:
             return None  # no room now: this piece goes through the pipe
         self.written += skip
         at = self.written % self.cap
-        m[_HEADER + at:_HEADER + at + n] = data
+        m[_HEADER + at:_HEADER + at + len(data)] = data
         self.written += n
-        return (_TAG, worker, at, n, self.written, kind)
+        return (_TAG, worker, at, len(data), self.written, kind)
 
     # --- in the main thread -----------------------------------------------------------------------
+
+    def wait_for_copies(self) -> None:
+        """Return once every copy that read a ring in place has run (a new epoch's workers count all that
+        was written before as free; the rings are about to go)."""
+        event, self.last_copy = self.last_copy, None
+        if event is not None:
+            event.synchronize()
+
+    def register(self) -> bool:
+        """Register the rings with CUDA as page-locked memory (once; in the main process, after the workers
+        started: nothing CUDA crosses a fork). False where CUDA refuses (the pieces are then copied out)."""
+        if self.registered is None:
+            self.registered = []
+            if self.pin and self.maps and torch.cuda.is_available():
+                for m in self.maps:
+                    view = np.frombuffer(m, np.uint8)
+                    addr = view.ctypes.data
+                    del view  # (the address stays valid while the mapping does)
+                    if int(_cudart().cudaHostRegister(addr, len(m), 0)) != 0:
+                        break
+                    self.registered.append(addr)
+                if len(self.registered) < len(self.maps):  # all or none
+                    for addr in self.registered:
+                        _cudart().cudaHostUnregister(addr)
+                    self.registered = []
+        return bool(self.registered)
 
     def unstash(self, items, hold: bool = False):
         """``items`` with each piece a worker put in its ring copied out of it; each ring is marked read
@@ -153,6 +191,8 @@ class Rings:
                 marks[worker] = end
                 if kind == "a":
                     return view
+                if kind == "p" and self.register():  # its large arrays: views of the registered ring
+                    return pickled.load(view, pin=pickled.IN_PLACE)
             # an array or bytes copied out; a pickle loaded from the ring itself (its arrays are copies)
             out = view.copy() if kind == "a" else pickled.load(view, self.pin) if kind == "p" else view.tobytes()
             del view
@@ -162,6 +202,10 @@ class Rings:
         if isinstance(x, (tuple, list)) and depth < 4:
             return type(x)(self._take(y, depth + 1, marks) for y in x)
         return x
+
+
+def _cudart():
+    return torch.cuda.cudart()
 
 
 def _room(workers: int) -> int:

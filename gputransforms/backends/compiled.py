@@ -291,8 +291,12 @@ class CompiledIterator(EpochIterator):
         images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw)
         if b.settings.collate is None:
             labels = None if more else b.labels(indices, self.dev)
-            return b.files.batch(images, labels, self.dev, indices, **more)
-        return self._collate(images, indices, more)
+            out = b.files.batch(images, labels, self.dev, indices, **more)
+        else:
+            out = self._collate(images, indices, more)
+        if more and hasattr(self.epoch, "copied"):  # (targets that view the workers' rings: arena.Rings.register)
+            self.epoch.copied(indices)
+        return out
 
     def _collate(self, images, indices, more: Optional[dict] = None):
         """The user's collate_fn on what torch would hand it: per-sample (image, target) pairs."""

@@ -284,6 +284,8 @@ class ProcessDecoders:
         self.flat.pulled.clear()
         self.flat.seed = seed
         self.flat.epoch += 1
+        if self.rings:  # its workers write over all that was written before: what reads it in place has run
+            self.rings.wait_for_copies()
         if self.dl._iterator is None:  # workers are forked now: garbage (a dropped pipeline) goes first
             gc.collect()
             if self.rings:
@@ -352,15 +354,8 @@ class ProcessEpochFeed(EpochFeed):
                 items = list(first)
                 for _ in range(self.decoders.flat.chunks(len(batch)) - 1):
                     items += next(self.it)
-                rings = self.decoders.rings
-                if rings:
-                    # the encoded files are fed where the workers wrote them (the pipeline is built with
-                    # no_copy): their space is freed ``lookahead`` batches later, when the slot's callback
-                    # lets go of them too
-                    items, marks = rings.unstash(items, hold=True)
-                    self.held.append(marks)
-                    while len(self.held) > self.decoders.lookahead:
-                        rings.release(self.held.popleft())
+                if self.decoders.rings:
+                    items = self._from_rings(items)
             except (RuntimeError, ConnectionError, EOFError) as e:  # a worker died, or timeout= passed
                 batch = batch or (pulled[0] if pulled else None)
                 if not isinstance(e, RuntimeError):  # it died while handing over a sample (torch's fd share)
@@ -394,9 +389,41 @@ class ProcessEpochFeed(EpochFeed):
                     raise StopIteration
             if kept:
                 self.in_flight.append(kept)
+                if self.held:
+                    self.held[-1][1] = kept
                 if extras:
                     self.extras.append(extras)
                 return tuple(list(col) for col in zip(*data))
+
+    def _from_rings(self, items: list) -> list:
+        """A batch's items with what came through the workers' rings in place of where it is there. The
+        encoded files are fed where the workers wrote them (the pipeline is built with no_copy): their space
+        is freed ``lookahead`` batches later, when the slot's callback lets go of them too; a target viewing
+        the ring (arena.Rings.register) no sooner than the copies to the device that read it have run
+        (``copied``)."""
+        rings = self.decoders.rings
+        items, marks = rings.unstash(items, hold=True)
+        self.held.append([marks, None, None])  # (marks, the batch's kept indices, its copies' event)
+        while len(self.held) > self.decoders.lookahead:
+            marks, _, copies = self.held.popleft()
+            if copies is not None:
+                copies.synchronize()
+            rings.release(marks)
+        return items
+
+    def copied(self, kept: list) -> None:
+        """The batch ``kept`` (as ``in_flight`` held it) is on the device: where its targets are views of the
+        workers' rings, the copies that read them are queued on the current stream, and the rings' space is
+        freed only once they have run."""
+        rings = self.decoders.rings
+        if not rings or not rings.registered:
+            return
+        for entry in self.held:
+            if entry[1] is kept:
+                event = torch.cuda.Event()
+                event.record()
+                entry[2] = rings.last_copy = event
+                return
 
 
 class PipelineSlot:

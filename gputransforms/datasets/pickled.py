@@ -24,6 +24,9 @@ import torch
 
 #: arrays from this size on travel beside the pickle
 APART = 1 << 14
+#: ``load(pin=IN_PLACE)``: the large arrays as torch tensors viewing the buffer itself (page-locked shared
+#: memory the caller keeps unchanged until the copies that read them have run: ``backends.arena``)
+IN_PLACE = "in place"
 _ALIGN = 64
 _LENGTH = 8  # the pickle's length, before it
 
@@ -77,6 +80,8 @@ class _Loader(pickle.Unpickler):
     def persistent_load(self, pid):
         at, n, dtype, shape = pid
         src = np.frombuffer(self.buf, np.uint8, count=n, offset=self.start + at)
+        if self.pin == IN_PLACE:
+            return torch.from_numpy(src).view(_torch_dtype(dtype)).view(shape)
         if self.pin:  # a torch tensor in pinned memory, the one copy: the device's copy reads it from there
             out = torch.empty(n, dtype=torch.uint8, pin_memory=True)
             out.numpy()[:] = src
@@ -84,9 +89,10 @@ class _Loader(pickle.Unpickler):
         return src.copy().view(np.dtype(dtype)).reshape(shape)
 
 
-def load(buf, pin: bool = False):
+def load(buf, pin=False):
     """What ``ArraysApart.dumps`` pickled, from ``buf`` (bytes, or a view of shared memory: nothing of it is
-    kept). ``pin``: its large arrays come back as torch tensors in pinned memory, else as NumPy arrays."""
+    kept). ``pin``: its large arrays come back as torch tensors in pinned memory, else as NumPy arrays;
+    ``IN_PLACE``: as torch tensors viewing ``buf`` itself."""
     head = np.frombuffer(buf, np.uint8, count=_LENGTH)
     n = int.from_bytes(head.tobytes(), "little")
     stream = np.frombuffer(buf, np.uint8, count=n, offset=_LENGTH).tobytes()
