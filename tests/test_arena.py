@@ -235,3 +235,46 @@ def test_together_orders_pinned_and_paged_tensors_back_to_their_own(monkeypatch)
         back = moved[id(m)]
         assert type(back) is tv_tensors.Mask and back.dtype == torch.int64 and torch.equal(back, m.to(torch.int64))
         assert WIDEN not in back.__dict__
+
+
+def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(monkeypatch):
+    """ProcessEpochFeed: each fed batch's ring marks are released ``lookahead`` batches later, and where its
+    targets viewed the rings in place (registered rings), only after the event recorded behind that batch's
+    copies to the device has passed (``copied``); a batch fed but not yet handed out gets no event."""
+    import collections
+    import types
+
+    from gputransforms.backends import feed
+
+    log = []
+
+    class Event:
+        def record(self):
+            log.append(("record", self))
+
+        def synchronize(self):
+            log.append(("sync", self))
+
+    class FakeRings:
+        registered, last_copy = [1], None
+
+        def unstash(self, items, hold):
+            return items, {"batch": items}
+
+        def release(self, marks):
+            log.append(("release", marks["batch"]))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    ep = feed.ProcessEpochFeed.__new__(feed.ProcessEpochFeed)
+    ep.held, ep.decoders = collections.deque(), types.SimpleNamespace(rings=FakeRings(), lookahead=2)
+    batches = [[k] for k in range(5)]
+    for b in batches[:3]:
+        ep._from_rings(b)
+        ep.held[-1][1] = b  # (next_encoded's kept indices)
+    assert log == [("release", [0])]  # batch 0 was never handed out: nothing to wait for
+    ep.copied(batches[1])
+    ep.copied([9])  # not a batch in flight: no event
+    (_, event), = [e for e in log if e[0] == "record"]
+    assert ep.held[0][2] is event and ep.held[1][2] is None and ep.decoders.rings.last_copy is event
+    ep._from_rings(batches[3])
+    assert log[-2:] == [("sync", event), ("release", [1])]

@@ -416,13 +416,15 @@ class ProcessEpochFeed(EpochFeed):
         workers' rings, the copies that read them are queued on the current stream, and the rings' space is
         freed only once they have run."""
         rings = self.decoders.rings
-        if not rings or not rings.registered:
+        if not rings or not rings.registered or not any(entry[1] is kept for entry in self.held):
             return
-        for entry in self.held:
+        event = torch.cuda.Event()
+        event.record()
+        rings.last_copy = event
+        for entry in self.held:  # (this batch's, and any earlier one's without: its copies were queued before)
+            if entry[2] is None:
+                entry[2] = event
             if entry[1] is kept:
-                event = torch.cuda.Event()
-                event.record()
-                entry[2] = rings.last_copy = event
                 return
 
 
