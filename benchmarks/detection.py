@@ -16,7 +16,7 @@ its ``collate_fn``:
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
 - ``gputransforms``: our DataLoader over the same dataset object, with the same arguments
-  (``gputransforms-pf2``: and ``prefetch_factor=2``);
+  (``gputransforms-pf2``: and ``prefetch_factor=2``; any ``-pfN`` likewise);
 - ``dali-handwritten`` (GPU only, ``ssd``): DALI's SSD example pipeline: ``readers.coco`` +
   ``random_bbox_crop`` + ``decoders.image_slice`` + ``bb_flip`` + ``resize`` to 300 +
   ``crop_mirror_normalize`` (not the same augmentation as torchvision's preset: a reference point);
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -273,10 +274,12 @@ def main(argv=None):
                     from gputransforms import DataLoader
 
                     # the torchvision row's arguments (only the import changes); -pin: pin_memory=True as well;
-                    # -pf2: prefetch_factor=2 (DALI prepares 2 batches ahead instead of 4: less device memory)
+                    # -pfN: prefetch_factor=N (DALI prepares N batches ahead instead of 4: less device memory
+                    # below 4, more above)
                     extra = dict(pin_memory="-pin" in name, persistent_workers=a.workers > 0)
-                    if "-pf2" in name:
-                        extra["prefetch_factor"] = 2
+                    ahead = re.search(r"-pf(\d+)", name)
+                    if ahead:
+                        extra["prefetch_factor"] = int(ahead.group(1))
 
                     # num_workers as the user gives it to torch's loader (only the import changes); where the
                     # chain compiles, DALI's threads (a.threads below 8 workers) are set apart
