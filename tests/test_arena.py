@@ -249,7 +249,7 @@ def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(mo
     log = []
 
     class Event:
-        def record(self):
+        def record(self, stream=None):
             log.append(("record", self))
 
         def synchronize(self):
@@ -265,6 +265,7 @@ def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(mo
             log.append(("release", marks["batch"]))
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: None)
     ep = feed.ProcessEpochFeed.__new__(feed.ProcessEpochFeed)
     ep.held, ep.decoders = collections.deque(), types.SimpleNamespace(rings=FakeRings(), lookahead=2)
     batches = [[k] for k in range(5)]
@@ -272,8 +273,8 @@ def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(mo
         ep._from_rings(b)
         ep.held[-1][1] = b  # (next_encoded's kept indices)
     assert log == [("release", [0])]  # batch 0 was never handed out: nothing to wait for
-    ep.copied(batches[1])
-    ep.copied([9])  # not a batch in flight: no event
+    ep.copied(batches[1], torch.device("cuda"))
+    ep.copied([9], torch.device("cuda"))  # not a batch in flight: no event
     (_, event), = [e for e in log if e[0] == "record"]
     assert ep.held[0][2] is event and ep.held[1][2] is None and ep.decoders.rings.last_copy is event
     ep._from_rings(batches[3])

@@ -45,6 +45,7 @@ RING = 16 << 20
 _HEADER = 64  # the first word: the offset read up to (written by the main thread only)
 _ALIGN = 64  # each piece starts on a multiple of this (its arrays may be viewed as their dtype)
 _TAG = "\0gputransforms-ring"
+_PORTABLE = 1  # cudaHostRegisterPortable
 
 
 class Rings:
@@ -150,7 +151,8 @@ class Rings:
                     view = np.frombuffer(m, np.uint8)
                     addr = view.ctypes.data
                     del view  # (the address stays valid while the mapping does)
-                    if int(_cudart().cudaHostRegister(addr, len(m), 0)) != 0:
+                    # (portable: page-locked for every device's context, whichever the batch goes to)
+                    if int(_cudart().cudaHostRegister(addr, len(m), _PORTABLE)) != 0:
                         break
                     self.registered.append(addr)
                 if len(self.registered) < len(self.maps):  # all or none

@@ -295,7 +295,7 @@ class CompiledIterator(EpochIterator):
         else:
             out = self._collate(images, indices, more)
         if more and hasattr(self.epoch, "copied"):  # (targets that view the workers' rings: arena.Rings.register)
-            self.epoch.copied(indices)
+            self.epoch.copied(indices, self.dev)
         return out
 
     def _collate(self, images, indices, more: Optional[dict] = None):

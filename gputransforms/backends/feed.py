@@ -411,15 +411,15 @@ class ProcessEpochFeed(EpochFeed):
             rings.release(marks)
         return items
 
-    def copied(self, kept: list) -> None:
-        """The batch ``kept`` (as ``in_flight`` held it) is on the device: where its targets are views of the
-        workers' rings, the copies that read them are queued on the current stream, and the rings' space is
-        freed only once they have run."""
+    def copied(self, kept: list, dev: torch.device) -> None:
+        """The batch ``kept`` (as ``in_flight`` held it) is on ``dev``: where its targets are views of the
+        workers' rings, the copies that read them are queued on ``dev``'s current stream, and the rings' space
+        is freed only once they have run."""
         rings = self.decoders.rings
         if not rings or not rings.registered or not any(entry[1] is kept for entry in self.held):
             return
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(dev))
         rings.last_copy = event
         for entry in self.held:  # (this batch's, and any earlier one's without: its copies were queued before)
             if entry[2] is None:
