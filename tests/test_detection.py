@@ -166,7 +166,8 @@ def test_the_detection_references_grouped_batch_sampler(coco):
 
 def test_images_without_annotations_as_torchvision_treats_them(coco):
     """Without the reference's Subset: an image without annotations gets {"image_id"} only, and
-    SanitizeBoundingBoxes then raises torchvision's own error, on both loaders; without it, it passes."""
+    SanitizeBoundingBoxes then raises torchvision's own error, on both loaders (ours names the sample and
+    its file after torchvision's message); without it, it passes."""
     plain = wrapped(coco, v2.Compose([v2.ToImage(), v2.Resize((64, 64))]), annotated_only=False)
     ours, theirs = side_by_side(plain, "cpu", batch_size=7)
     assert [t for _, ts in ours for t in ts if len(t) == 1] == [t for _, ts in theirs for t in ts if len(t) == 1] \
@@ -176,7 +177,7 @@ def test_images_without_annotations_as_torchvision_treats_them(coco):
         list(DataLoader(strict, batch_size=7, collate_fn=detection_collate, device="cpu"))
     with pytest.raises(ValueError) as ref:
         list(tud.DataLoader(strict, batch_size=7, collate_fn=detection_collate))
-    assert str(info.value) == str(ref.value)
+    assert str(info.value) == f"{ref.value} (sample 6: {Path(coco[0]) / '000006.jpg'})"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -242,6 +243,30 @@ def test_voc_detection_as_torchvision(voc, device):
         for a, b, ta, tb in zip(oi, ti, ot, tt):
             assert a.shape == b.shape and (a.cpu() - b).abs().mean() * 255 < (1.0 if device == "cpu" else 3.0)
             same_targets(ta, tb)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mask_of_another_shape_raises_torchvisions_error_naming_the_file(photo_folder, tmp_path, workers):
+    """A VOC mask whose shape is not its image's (half as wide): torchvision's v2 RandomCrop raises
+    ValueError ("Found multiple HxW dimensions in the sample") without saying where; ours raises the same
+    type and message, with the sample and its image file named, from the main thread or a worker."""
+    root = sampledata.write_voc(photo_folder, tmp_path, seed=4)
+    seg = root / "VOCdevkit" / "VOC2012" / "SegmentationClass"
+    bad = sorted(seg.glob("*.png"))[5]
+    with Image.open(bad) as m:
+        m.resize((m.width // 2, m.height), Image.NEAREST).save(bad)
+
+    def dataset():
+        return torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCSegmentation(
+            str(root), year="2012", image_set="train", transforms=SegmentationPresetTrain(base_size=160, crop_size=144)))
+
+    with pytest.raises(ValueError, match="Found multiple HxW dimensions"):
+        list(tud.DataLoader(dataset(), batch_size=8, collate_fn=segmentation_collate))
+    loader = DataLoader(dataset(), batch_size=8, collate_fn=segmentation_collate, num_workers=workers)
+    assert "recorded per sample" in loader.explain()
+    with pytest.raises(ValueError, match="Found multiple HxW dimensions") as e:
+        list(loader)
+    assert f"{bad.stem}.jpg" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -129,6 +129,17 @@ def _fits_uint8(t: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def _raise_named(err: Exception, i: int, path: str):
+    """Raise torchvision's exception for sample ``i`` again, of its type and with its message, the sample
+    named after it (torchvision's own says which sizes disagree, say, not in which file); as it was where
+    its type takes other arguments."""
+    try:
+        named = type(err)(f"{err} (sample {i}: {path})")
+    except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+        raise err from None
+    raise named from err
+
+
 def _placeholder() -> np.ndarray:
     """What the graph decodes in place of a sample that ran as written (its output is not used): 1x1 black."""
     return files.bmp_of(np.zeros((1, 1, 3), dtype=np.uint8))
@@ -271,7 +282,7 @@ class DetectionSamples(FileSamples):
                     ops, target, out_kind = recorded.record(joint, size, target_of(k, img), kind)
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
                 if not (isinstance(e, recorded.Unrecordable) or user):
-                    raise  # torchvision's own error for this sample (it raises it too)
+                    _raise_named(e, i, path)  # torchvision's own error for this sample (it raises it too)
                 # the sample runs as written, from the same RNG state, on the pixels PIL decodes; its own error,
                 # if it has one, is raised here as torchvision does. The graph gets a 1x1 placeholder in its place
                 # (its output is left unused), not the file to decode again.
@@ -279,7 +290,10 @@ class DetectionSamples(FileSamples):
                 image = files.pil_rgb(i, path, data)
                 if kind != "pil":
                     image = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
-                out = joint(tv_tensors.Image(image) if kind == "image" else image, target_of(k, img))
+                try:
+                    out = joint(tv_tensors.Image(image) if kind == "image" else image, target_of(k, img))
+                except Exception as err:  # noqa: BLE001 - torchvision's (or the user's) error, the file named
+                    _raise_named(err, i, path)
                 return (_placeholder(), program.identity((1, 1))), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
