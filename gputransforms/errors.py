@@ -35,6 +35,15 @@ class BadSampleError(RuntimeError):
         self.index, self.path, self.reason = index, path, reason
 
 
+def naming_sample(err: Exception, index: int, path: str):
+    """``err`` again, of its type and with its message, sample ``index`` and its file named after it
+    (torchvision's own exceptions do not say which file); None where its type takes other arguments."""
+    try:
+        return type(err)(f"{err} (sample {index}: {path})")
+    except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+        return None
+
+
 class FallbackWarning(UserWarning):
     """Part of a transform chain runs per sample with torchvision instead of in the DALI graph."""
 

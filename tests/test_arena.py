@@ -271,11 +271,11 @@ def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(mo
     batches = [[k] for k in range(5)]
     for b in batches[:3]:
         ep._from_rings(b)
-        ep.held[-1][1] = b  # (next_encoded's kept indices)
+        ep.held[-1].kept = b  # (next_encoded's kept indices)
     assert log == [("release", [0])]  # batch 0 was never handed out: nothing to wait for
     ep.copied(batches[1], torch.device("cuda"))
     ep.copied([9], torch.device("cuda"))  # not a batch in flight: no event
     (_, event), = [e for e in log if e[0] == "record"]
-    assert ep.held[0][2] is event and ep.held[1][2] is None and ep.decoders.rings.last_copy is event
+    assert ep.held[0].copies is event and ep.held[1].copies is None and ep.decoders.rings.last_copy is event
     ep._from_rings(batches[3])
     assert log[-2:] == [("sync", event), ("release", [1])]

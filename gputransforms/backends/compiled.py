@@ -24,7 +24,7 @@ from ..compiler.stages import after_graph
 from ..datasets.adapters import FileSamples
 from ..device import cuda_connections_note, late_import_warning, to_device, torch_device
 from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotCompilable, SkippedSamplesWarning, \
-    user_stacklevel
+    naming_sample, user_stacklevel
 from ..prepared import PreparedSamples
 from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads
@@ -294,7 +294,7 @@ class CompiledIterator(EpochIterator):
             out = b.files.batch(images, labels, self.dev, indices, **more)
         else:
             out = self._collate(images, indices, more)
-        if more and hasattr(self.epoch, "copied"):  # (targets that view the workers' rings: arena.Rings.register)
+        if more:  # (targets that may view the workers' rings: arena.Rings.register)
             self.epoch.copied(indices, self.dev)
         return out
 
@@ -405,10 +405,8 @@ def name_failure(err: Exception, indices, samples: FileSamples) -> Exception:
             try:
                 samples.transform(samples.load(i))
             except Exception as tv_err:  # noqa: BLE001 - torchvision's exception is the answer
-                try:
-                    return type(tv_err)(f"{tv_err} (sample {i}: {path})")
-                except Exception:  # noqa: BLE001 - an exception type that takes other arguments
-                    return RuntimeError(f"gputransforms: sample {i} ({path}): {type(tv_err).__name__}: {tv_err}")
+                return naming_sample(tv_err, i, path) or \
+                    RuntimeError(f"gputransforms: sample {i} ({path}): {type(tv_err).__name__}: {tv_err}")
     named = ", ".join(f"{i}: {paths[i]}" for i in indices[:8])
     more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
     text = str(err).strip()

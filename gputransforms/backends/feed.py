@@ -70,6 +70,17 @@ class ReaderThreads:
                 t.join(timeout=1.0)
 
 
+class _Held:
+    """A batch fed from the workers' rings (``ProcessEpochFeed``): how far each ring may be marked read once
+    DALI no longer reads its files there (``marks``), the batch's kept indices as ``in_flight`` holds them,
+    and the CUDA event after the copies that read its targets in the rings (``ProcessEpochFeed.copied``)."""
+
+    __slots__ = ("marks", "kept", "copies")
+
+    def __init__(self, marks: dict):
+        self.marks, self.kept, self.copies = marks, None, None
+
+
 class EpochFeed:
     """One pass over the sampler: reads files ahead in threads, feeds DALI, remembers the order.
     ``timeout`` (torch's DataLoader argument; 0: none): seconds a batch's files may take to read before
@@ -121,6 +132,9 @@ class EpochFeed:
 
     def stop(self):
         self.stopped = True
+
+    def copied(self, kept: list, dev: torch.device) -> None:
+        """The batch ``kept`` is on the device (its targets' copies queued): nothing here reads in place."""
 
     def pending(self) -> list:
         """Index batches handed to DALI or being read, in order (to replay after a rebuild)."""
@@ -333,8 +347,7 @@ class ProcessEpochFeed(EpochFeed):
         self.skipped = skipped
         self.error: Optional[Exception] = None
         self.decoders = decoders
-        # per batch fed, how far each ring may be marked read once DALI no longer reads its files there
-        self.held: collections.deque = collections.deque()
+        self.held: collections.deque = collections.deque()  # a _Held per batch fed from the rings, not yet released
         self.it = decoders.epoch(batches, seed)
 
     def pending(self) -> list:
@@ -390,7 +403,7 @@ class ProcessEpochFeed(EpochFeed):
             if kept:
                 self.in_flight.append(kept)
                 if self.held:
-                    self.held[-1][1] = kept
+                    self.held[-1].kept = kept
                 if extras:
                     self.extras.append(extras)
                 return tuple(list(col) for col in zip(*data))
@@ -403,12 +416,12 @@ class ProcessEpochFeed(EpochFeed):
         (``copied``)."""
         rings = self.decoders.rings
         items, marks = rings.unstash(items, hold=True)
-        self.held.append([marks, None, None])  # (marks, the batch's kept indices, its copies' event)
+        self.held.append(_Held(marks))
         while len(self.held) > self.decoders.lookahead:
-            marks, _, copies = self.held.popleft()
-            if copies is not None:
-                copies.synchronize()
-            rings.release(marks)
+            held = self.held.popleft()
+            if held.copies is not None:
+                held.copies.synchronize()
+            rings.release(held.marks)
         return items
 
     def copied(self, kept: list, dev: torch.device) -> None:
@@ -416,15 +429,15 @@ class ProcessEpochFeed(EpochFeed):
         workers' rings, the copies that read them are queued on ``dev``'s current stream, and the rings' space
         is freed only once they have run."""
         rings = self.decoders.rings
-        if not rings or not rings.registered or not any(entry[1] is kept for entry in self.held):
+        if not rings or not rings.registered or not any(held.kept is kept for held in self.held):
             return
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(dev))
         rings.last_copy = event
-        for entry in self.held:  # (this batch's, and any earlier one's without: its copies were queued before)
-            if entry[2] is None:
-                entry[2] = event
-            if entry[1] is kept:
+        for held in self.held:  # (this batch's, and any earlier one's without: its copies were queued before)
+            if held.copies is None:
+                held.copies = event
+            if held.kept is kept:
                 return
 
 

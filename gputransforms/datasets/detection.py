@@ -40,7 +40,7 @@ from ..compiler import joint as recorded
 from ..compiler import joint_masks
 from ..compiler.registry import joint_ok
 from ..device import to_device
-from ..errors import NotCompilable
+from ..errors import NotCompilable, naming_sample
 from . import adapters, discover, pickled
 from .adapters import FileSamples
 from .pickled import Pickled
@@ -128,18 +128,16 @@ def _fits_uint8(t: torch.Tensor) -> bool:
     return bool(low >= 0) and bool(high <= 255)
 
 
-@functools.lru_cache(maxsize=1)
 def _raise_named(err: Exception, i: int, path: str):
-    """Raise torchvision's exception for sample ``i`` again, of its type and with its message, the sample
-    named after it (torchvision's own says which sizes disagree, say, not in which file); as it was where
-    its type takes other arguments."""
-    try:
-        named = type(err)(f"{err} (sample {i}: {path})")
-    except Exception:  # noqa: BLE001 - an exception type that takes other arguments
-        raise err from None
+    """Raise torchvision's exception for sample ``i`` again with the sample named (``naming_sample``); as it
+    was where its type takes other arguments."""
+    named = naming_sample(err, i, path)
+    if named is None:
+        raise err
     raise named from err
 
 
+@functools.lru_cache(maxsize=1)
 def _placeholder() -> np.ndarray:
     """What the graph decodes in place of a sample that ran as written (its output is not used): 1x1 black."""
     return files.bmp_of(np.zeros((1, 1, 3), dtype=np.uint8))
