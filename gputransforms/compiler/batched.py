@@ -17,7 +17,8 @@ Then:
   itself, whose tensor kernel takes (..., C, H, W); Normalize: its arithmetic, with the mean and
   std on the device once (torchvision's kernel waits for the GPU three times per call);
 - ColorJitter: each of the four adjustments on the rows whose random order puts it there, with
-  torchvision's tensor arithmetic and one factor per row;
+  torchvision's tensor arithmetic and one factor per row; on CUDA each step is one fused kernel over
+  all rows (``color_kernels``);
 - GaussianBlur: one grouped convolution with a kernel per sample (kornia's filter2d_separable,
   reflect border like torchvision's);
 - RandomRotation / RandomAffine / RandomPerspective: torchvision's inverse matrices / perspective
@@ -49,6 +50,7 @@ import torch
 from torchvision.transforms import v2 as tv2
 
 from .. import _compat
+from . import color_kernels
 from ..device import to_device
 
 Batched = Callable[[torch.Tensor], torch.Tensor]
@@ -189,13 +191,19 @@ def jitter_arrays(params: list) -> tuple:
     return orders, factors
 
 
-def color_jitter(x: torch.Tensor, orders: np.ndarray, factors: np.ndarray, v2: bool = False) -> torch.Tensor:
+def color_jitter(x: torch.Tensor, orders: np.ndarray, factors: np.ndarray, v2: bool = False,
+                 fused: bool = True) -> torch.Tensor:
     """ColorJitter on a (N,3,H,W) batch: ``orders[i, step]`` is the adjustment (0 brightness, 1
     contrast, 2 saturation, 3 hue) sample i gets at that step (torchvision's fn_idx), ``factors[i, a]``
     its factor (NaN: none). Each of the four steps is applied to the rows whose order puts that
     adjustment there, with torchvision's tensor arithmetic (blend, truncated grayscale, HSV; v1's or
     v2's HSV round trip). The rows and factors of all sixteen (step, adjustment) groups go to the
-    device in one copy each."""
+    device in one copy each. On CUDA (``fused``) the same arithmetic runs as one kernel per step
+    (``color_kernels``), where it can."""
+    if fused:
+        out = color_kernels.color_jitter(x, orders, factors, v2)
+        if out is not None:
+            return out
     gray, rgb_to_hsv, convert, max_value = _compat.tensor_color_kernels(v2)
     x = x.clone()
     bound = max_value(x.dtype)

@@ -1,0 +1,152 @@
+"""ColorJitter's fused CUDA kernels (compiler/color_kernels.py) against torchvision's per-image kernels.
+
+On the GPU the kernels are compiled by torch's jiterator and compared with torchvision's own kernels
+on CUDA tensors. Without a GPU the same kernel source is compiled by the host's C++ compiler (the
+CUDA rounding intrinsics as plain float operations, no contraction) and run over the same rows and
+chunks, against torchvision's kernels on the CPU. Tolerance as in test_batched.py: a uint8 value may
+differ by 1 (torch's CPU divides where its CUDA kernels multiply by the reciprocal; the batched mean
+sums in another order), the mean difference stays under 0.01 levels.
+"""
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torchvision.transforms import v2
+
+from gputransforms import transforms as T
+from gputransforms.compiler import batched, color_kernels
+
+from conftest import DEVICES
+
+_HEADER = """
+#include <cmath>
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+"""
+_ENTRY = """
+extern "C" void step(long n, long hw, const float* r, const float* g, const float* b, const float* op,
+                     const float* f, const float* mean, float* ro, float* go, float* bo) {
+  for (long i = 0; i < n * hw; ++i) {
+    long row = i / hw;
+    gt_jitter_step<float>(r[i], g[i], b[i], op[row], f[row], mean[row], ro[i], go[i], bo[i]);
+  }
+}
+extern "C" void gray(long n, const float* r, const float* g, const float* b, float* out) {
+  for (long i = 0; i < n; ++i) out[i] = gt_jitter_gray<float>(r[i], g[i], b[i]);
+}
+"""
+
+
+def _cpu_kernels(tmp_path, integer: bool, v2: bool):
+    """The kernels' source built by g++ as a shared library, wrapped as (step, gray) on CPU tensors."""
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine")
+    src = tmp_path / f"k{int(integer)}{int(v2)}.cpp"
+    lib = src.with_suffix(".so")
+    src.write_text(_HEADER + color_kernels.source(color_kernels._STEP, integer, v2)
+                   + color_kernels.source(color_kernels._GRAY, integer, v2) + _ENTRY)
+    subprocess.run(["g++", "-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC", str(src), "-o", str(lib)],
+                   check=True, capture_output=True)
+    so = ctypes.CDLL(str(lib))
+
+    def ptr(a):
+        return a.ctypes.data_as(ctypes.c_void_p)
+
+    def planes(*ts):
+        return [np.ascontiguousarray(t.float().numpy(), dtype=np.float32) for t in ts]
+
+    def step(r, g, b, op, f, mean):
+        r_, g_, b_ = planes(r, g, b)
+        op_, f_, m_ = (np.ascontiguousarray(t.reshape(-1).numpy(), dtype=np.float32) for t in (op, f, mean))
+        outs = [np.empty_like(r_) for _ in range(3)]
+        so.step(ctypes.c_long(r_.shape[0]), ctypes.c_long(r_[0].size), ptr(r_), ptr(g_), ptr(b_), ptr(op_), ptr(f_),
+                ptr(m_), *(ptr(o) for o in outs))
+        return tuple(torch.from_numpy(o) for o in outs)
+
+    def gray(r, g, b):
+        r_, g_, b_ = planes(r, g, b)
+        out = np.empty_like(r_)
+        so.gray(ctypes.c_long(r_.size), ptr(r_), ptr(g_), ptr(b_), ptr(out))
+        return torch.from_numpy(out)
+
+    return step, gray
+
+
+@pytest.fixture(scope="module")
+def photos(photo_folder):
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((72, 88)),
+                                                                                   T.PILToTensor()]))
+    return torch.stack([ds[i][0] for i in range(24)])
+
+
+def _torchvision_draws(t, x):
+    if isinstance(t, v2.Transform):
+        return [list(p[k] for k in ("fn_idx", "brightness_factor", "contrast_factor", "saturation_factor",
+                                    "hue_factor")) for p in (t.make_params([img]) for img in x)]
+    return [list(t.get_params(t.brightness, t.contrast, t.saturation, t.hue)) for _ in range(len(x))]
+
+
+def _reference(t, x, params, api):
+    """torchvision's own kernels, one image at a time, in each sample's drawn order."""
+    F = torchvision.transforms.functional if api == "v1" else v2.functional
+    adjust = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    out = []
+    for img, (order, *fs) in zip(x, params):
+        for k in order:
+            if fs[int(k)] is not None:
+                img = adjust[int(k)](img, fs[int(k)])
+        out.append(img)
+    return torch.stack(out)
+
+
+CHAINS = {"all four": (0.4, 0.4, 0.4, 0.1), "wide": (0.8, (0.1, 1.9), (0.0, 2.5), 0.5), "no hue": (0.4, 0.4, 0.4, 0)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("api", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32], ids=["uint8", "float"])
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_fused_color_jitter_equals_torchvision(photos, tmp_path, monkeypatch, device, api, dtype, chain):
+    t = (T if api == "v1" else v2).ColorJitter(*CHAINS[chain])
+    x = photos if dtype == torch.uint8 else photos.float() / 255
+    x = x.to("cuda" if device == "gpu" else "cpu")
+    torch.manual_seed(5)
+    params = _torchvision_draws(t, x)
+    orders, factors = batched.jitter_arrays(params)
+    factors[3, :] = np.nan  # a row RandomApply left alone
+    params[3] = [params[3][0], None, None, None, None]
+    monkeypatch.setattr(color_kernels, "CHUNK", 10)  # three chunks, the last short
+    if device == "gpu":
+        got = color_kernels.color_jitter(x, orders, factors, v2=api == "v2")
+        assert got is not None, color_kernels._BROKEN
+    else:
+        kernels = _cpu_kernels(tmp_path, dtype == torch.uint8, api == "v2")
+        got = color_kernels._run(x, color_kernels.step_arrays(orders, factors), api == "v2", kernels=kernels)
+    ref = _reference(t, x, params, api)
+    assert got.shape == ref.shape and got.dtype == ref.dtype and got.device == ref.device
+    assert torch.equal(got[3], x[3])
+    d = (got.double() - ref.double()).abs() * (255 if dtype == torch.float32 else 1)
+    assert (ref.double() - x.double()).abs().flatten(1).amax(1).gt(0).sum() >= 20, "too few rows changed"
+    assert d.mean() < 0.01 and d.max() <= 1.0 + 1e-3, (d.mean().item(), d.max().item())
+    if dtype == torch.uint8:
+        assert (d == 0).double().mean() > 0.999, "more than one value in a thousand off by one"
+
+
+@pytest.mark.gpu
+def test_batched_stage_takes_the_fused_kernels_on_the_gpu(photos):
+    """On CUDA the batched ColorJitter runs the fused kernels (none of torch's per-adjustment ops)."""
+    x = photos.cuda()
+    torch.manual_seed(1)
+    orders, factors = batched.jitter_draws(T.ColorJitter(0.4, 0.4, 0.4, 0.1), len(x))
+    fused = batched.color_jitter(x, orders, factors)
+    ops = batched.color_jitter(x, orders, factors, fused=False)
+    assert not color_kernels._BROKEN
+    d = (fused.double() - ops.double()).abs()
+    assert d.max() <= 1 and d.mean() < 0.01
