@@ -213,3 +213,46 @@ def test_normalize_equals_torchvision_without_waiting_for_the_gpu(device, api):
     zero = m.Normalize([0.5, 0.5, 0.5], [0.2, 0.0, 0.2])
     with pytest.raises(ValueError, match="zero"):
         registry.batched_of(zero)(x.clone())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_random_apply_of_color_jitter_takes_the_whole_batch(photos, api, device):
+    """RandomApply(ColorJitter) works on the whole batch with no adjustment for the rows whose coin did not
+    come up (``on_rows``): from the same seed, the same images as the gathered sub-batch gives."""
+    m = T if api == "v1" else v2
+    t = m.RandomApply([m.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.6)
+    x = photos.to("cuda" if device == "gpu" else "cpu")
+    fn = registry.batched_of(t)
+    torch.manual_seed(4)
+    got = fn(x)
+    jitter = registry.batched_of(t.transforms[0])
+    torch.manual_seed(4)
+    rows = batched._coins(len(x), t.p, v2=True)
+    assert 0 < len(rows) < len(x)
+    ref = x.clone()
+    ref[rows] = jitter(x[rows])
+    assert torch.equal(got, ref)
+    kept = [i for i in range(len(x)) if i not in rows]
+    assert torch.equal(got[kept], x[kept]) and not torch.equal(got[rows], x[rows])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32], ids=["uint8", "float"])
+def test_random_apply_of_gaussian_blur_takes_the_whole_batch(photos, dtype, device):
+    """RandomApply(GaussianBlur) on an integer batch blurs it whole, the rows whose coin did not come up with
+    a one-hot kernel: they come back exactly, and the blurred rows are those of the gathered sub-batch."""
+    t = v2.RandomApply([v2.GaussianBlur(23, sigma=(0.1, 2.0))], p=0.5)
+    x = photos.to("cuda" if device == "gpu" else "cpu")
+    x = x if dtype == torch.uint8 else x.float() / 255
+    torch.manual_seed(6)
+    got = registry.batched_of(t)(x)
+    torch.manual_seed(6)
+    rows = batched._coins(len(x), t.p, v2=True)
+    assert 0 < len(rows) < len(x)
+    ref = x.clone()
+    ref[rows] = registry.batched_of(t.transforms[0])(x[rows])
+    kept = [i for i in range(len(x)) if i not in rows]
+    assert torch.equal(got[kept], x[kept])
+    d = (got.double() - ref.double()).abs() * (255 if dtype == torch.float32 else 1)
+    assert d.max() <= 1.0 + 1e-3 and d.mean() < 0.01 and not torch.equal(got[rows], x[rows])

@@ -150,3 +150,24 @@ def test_batched_stage_takes_the_fused_kernels_on_the_gpu(photos):
     assert not color_kernels._BROKEN
     d = (fused.double() - ops.double()).abs()
     assert d.max() <= 1 and d.mean() < 0.01
+
+
+def test_kernels_that_cannot_be_built_fall_back_to_torch_ops_once(photos, monkeypatch):
+    """Where NVRTC is missing or refuses the source, the batched ColorJitter warns once and runs the torch
+    ops from then on: the same images, no second attempt."""
+    def refuse(integer, v2):
+        attempts.append((integer, v2))
+        raise RuntimeError("nvrtc: not available")
+
+    attempts: list = []
+    monkeypatch.setattr(color_kernels, "_BROKEN", [])
+    monkeypatch.setattr(color_kernels, "usable", lambda x: not color_kernels._BROKEN)
+    monkeypatch.setattr(color_kernels, "_kernels", refuse)
+    torch.manual_seed(2)
+    orders, factors = batched.jitter_draws(T.ColorJitter(0.4, 0.4, 0.4, 0.1), len(photos))
+    with pytest.warns(RuntimeWarning, match="fused CUDA kernels are unavailable"):
+        got = batched.color_jitter(photos, orders, factors)
+    again = batched.color_jitter(photos, orders, factors)
+    assert len(attempts) == 1 and color_kernels._BROKEN
+    ref = batched.color_jitter(photos, orders, factors, fused=False)
+    assert torch.equal(got, ref) and torch.equal(again, ref)

@@ -91,11 +91,17 @@ def _coin_v2(p: float) -> bool:
 
 
 def _on_rows(x: torch.Tensor, rows: list, fn: Batched) -> torch.Tensor:
-    """``fn`` applied to the rows ``rows`` of ``x`` (the others unchanged)."""
+    """``fn`` applied to the rows ``rows`` of ``x`` (the others unchanged). A function with an ``on_rows``
+    of its own (ColorJitter's) takes the whole batch and the rows: no gather, no scatter, and tensors of
+    the batch's size every time (a sub-batch changes size every batch, and torch's allocator fragments
+    over such sizes)."""
     if not rows:
         return x
     if len(rows) == x.shape[0]:
         return fn(x)
+    masked = getattr(fn, "on_rows", None)
+    if masked is not None:
+        return masked(x, rows)
     idx = to_dev(rows, x.device)
     out = x.clone()
     out[idx] = fn(x[idx]).to(x.dtype)
@@ -169,7 +175,21 @@ def lower_color_jitter(t) -> Batched:
     times in Python those draws were half of the batched ColorJitter's 12.7 ms per batch on the H100
     (``benchmarks.batched_stage``), and the loader's main thread pays more for them while the reader
     threads hold the GIL."""
-    return lambda x: color_jitter(x, *jitter_draws(t, x.shape[0]), v2=_is_v2(t))
+    v2 = _is_v2(t)
+
+    def run(x):
+        return color_jitter(x, *jitter_draws(t, x.shape[0]), v2=v2)
+
+    def on_rows(x, rows):
+        """The rows' draws, in the order ``run`` on the gathered rows would draw them; the other rows get
+        no adjustment (NaN factors), which both kernels pass over."""
+        n = x.shape[0]
+        drawn_orders, drawn_factors = jitter_draws(t, len(rows))
+        orders, factors = np.tile(np.arange(4), (n, 1)), np.full((n, 4), np.nan)
+        orders[rows], factors[rows] = drawn_orders, drawn_factors
+        return color_jitter(x, orders, factors, v2=v2)
+    run.on_rows = on_rows
+    return run
 
 
 def jitter_draws(t, n: int) -> tuple:
@@ -309,7 +329,25 @@ def lower_gaussian_blur(t) -> Batched:
     def run(x):
         s = torch.empty(x.shape[0]).uniform_(lo, hi)
         return gaussian_blur(x, ks, torch.stack([s, s], 1))
+
+    def on_rows(x, rows):
+        """The rows' sigmas drawn as ``run`` on the gathered rows draws them. An integer batch is blurred
+        whole, the other rows with a one-hot kernel (what they sum is the pixel itself, and the rounding
+        gives it back exactly); a float batch has its rows gathered."""
+        s = torch.empty(len(rows)).uniform_(lo, hi)
+        if x.is_floating_point():
+            out = x.clone()
+            out[rows] = gaussian_blur(x[rows], ks, torch.stack([s, s], 1))
+            return out
+        whole = torch.full((x.shape[0],), _ONE_HOT_SIGMA)
+        whole[rows] = s
+        return gaussian_blur(x, ks, torch.stack([whole, whole], 1))
+    run.on_rows = on_rows
     return run
+
+
+#: a sigma whose Gaussian is one-hot in float32 (the neighbours' weights underflow to 0)
+_ONE_HOT_SIGMA = 1e-3
 
 
 # --- geometry -------------------------------------------------------------------------------------
@@ -588,6 +626,8 @@ def sequence(transforms, lower: Lower) -> Optional[Batched]:
     fns = _lower_all(transforms, lower)
     if fns is None:
         return None
+    if len(fns) == 1:
+        return fns[0]  # (with its ``on_rows``, where it has one)
 
     def run(x):
         for f in fns:
