@@ -22,6 +22,7 @@ jiterator), and the caller runs the torch ops.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Optional
 
@@ -176,7 +177,11 @@ def color_jitter(x: torch.Tensor, orders: np.ndarray, factors: np.ndarray, v2: b
     if not usable(x):
         return None
     try:
-        return _run(x, step_arrays(orders, factors), v2)
+        # (the kernels launch on the current device's stream)
+        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+            return _run(x, step_arrays(orders, factors), v2)
+    except torch.cuda.OutOfMemoryError:
+        raise  # (the torch ops would need more)
     except Exception as e:  # NVRTC missing or refusing: torchvision's arithmetic in torch ops still runs
         _BROKEN.append(repr(e))
         warnings.warn(f"gputransforms: ColorJitter's fused CUDA kernels are unavailable ({e!r}); the batched "
