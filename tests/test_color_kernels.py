@@ -171,3 +171,19 @@ def test_kernels_that_cannot_be_built_fall_back_to_torch_ops_once(photos, monkey
     assert len(attempts) == 1 and color_kernels._BROKEN
     ref = batched.color_jitter(photos, orders, factors, fused=False)
     assert torch.equal(got, ref) and torch.equal(again, ref)
+
+
+@pytest.mark.parametrize("integer", [True, False])
+@pytest.mark.parametrize("v2_api", [True, False])
+def test_jiterator_parses_the_kernels_as_their_entry_functions(integer, v2_api):
+    """torch's jiterator finds a kernel's entry by a regular expression over the whole source (the last
+    ``> type name(`` wins, and only the name is used): an edit that puts such a pattern in a body would launch
+    the wrong function. Its own parser, which runs without a GPU, must name each kernel's entry."""
+    from torch.cuda.jiterator import _CodeParser
+
+    for code, name, returns in ((color_kernels._STEP, "gt_jitter_step", "void"),
+                                (color_kernels._GRAY, "gt_jitter_gray", "T")):
+        source = color_kernels.source(code, integer, v2_api).strip()
+        parsed = _CodeParser(source)
+        assert (parsed.function_name, parsed.return_type) == (name, returns)
+        assert "GT_" not in source
