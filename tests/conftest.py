@@ -26,6 +26,28 @@ def photo_folder(tmp_path_factory):
     return make_photo_folder(tmp_path_factory.mktemp("photos"), classes=3, per_class=16, seed=1)
 
 
+@pytest.fixture(scope="module")
+def photos(photo_folder):
+    """24 of the photos at 72 x 88 as a uint8 (N, 3, H, W) batch: what the batched stage works on."""
+    import torchvision
+    import torchvision.transforms as T
+
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((72, 88)),
+                                                                                   T.PILToTensor()]))
+    return torch.stack([ds[i][0] for i in range(24)])
+
+
+def torchvision_jitter_params(t, images) -> list:
+    """ColorJitter ``t``'s own per-sample draws for ``images``, in forward's order: [fn_idx, brightness,
+    contrast, saturation, hue] each (v1's ``get_params``, v2's ``make_params``)."""
+    from torchvision.transforms import v2
+
+    if isinstance(t, v2.Transform):
+        return [[p[k] for k in ("fn_idx", "brightness_factor", "contrast_factor", "saturation_factor", "hue_factor")]
+                for p in (t.make_params([img]) for img in images)]
+    return [list(t.get_params(t.brightness, t.contrast, t.saturation, t.hue)) for _ in range(len(images))]
+
+
 @pytest.fixture(scope="session")
 def gradient_folder(tmp_path_factory):
     """Lossless PNGs whose red channel is x and green channel is y (scaled to 0..255), so the crop

@@ -10,14 +10,13 @@ compared by distribution in test_recipes.py.
 """
 import pytest
 import torch
-import torchvision
 from torchvision.transforms import v2
 
 from gputransforms import DataLoader, datasets, plan
 from gputransforms import transforms as T
 from gputransforms.compiler import batched, registry, stages
 
-from conftest import DEVICES
+from conftest import DEVICES, torchvision_jitter_params
 
 EXACT = {
     "ColorJitter": lambda m: m.ColorJitter(0.4, 0.4, 0.4, 0.1),
@@ -48,11 +47,7 @@ UINT8_ONLY = {"RandomPosterize", "RandomEqualize", "RandomSolarize"}  # uint8 ke
 def jitter_on_torchvisions_draws(t):
     """The batched ColorJitter kernel fed torchvision's own per-sample draws, in forward's order."""
     def run(x):
-        if isinstance(t, v2.Transform):
-            params = [tuple(p[k] for k in ("fn_idx", "brightness_factor", "contrast_factor", "saturation_factor",
-                                           "hue_factor")) for p in (t.make_params([img]) for img in x)]
-        else:
-            params = [t.get_params(t.brightness, t.contrast, t.saturation, t.hue) for _ in range(len(x))]
+        params = torchvision_jitter_params(t, x)
         return batched.color_jitter(x, *batched.jitter_arrays(params), v2=isinstance(t, v2.Transform))
     return run
 
@@ -76,13 +71,6 @@ def test_color_jitter_draws_for_the_batch(api):
         assert stats.kstest(factors[:, k], stats.uniform(lo, hi - lo).cdf).pvalue > 1e-3
     wrong = stats.kstest(factors[:, 0], stats.uniform(0.5, 1.0).cdf).pvalue  # a wrong range fails
     assert wrong < 1e-6
-
-
-@pytest.fixture(scope="module")
-def photos(photo_folder):
-    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((72, 88)),
-                                                                                   T.PILToTensor()]))
-    return torch.stack([ds[i][0] for i in range(24)])
 
 
 @pytest.mark.parametrize("device", DEVICES)

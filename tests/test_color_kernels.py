@@ -20,7 +20,7 @@ from torchvision.transforms import v2
 from gputransforms import transforms as T
 from gputransforms.compiler import batched, color_kernels
 
-from conftest import DEVICES
+from conftest import DEVICES, torchvision_jitter_params
 
 _HEADER = """
 #include <cmath>
@@ -79,20 +79,6 @@ def _cpu_kernels(tmp_path, integer: bool, v2: bool):
     return step, gray
 
 
-@pytest.fixture(scope="module")
-def photos(photo_folder):
-    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((72, 88)),
-                                                                                   T.PILToTensor()]))
-    return torch.stack([ds[i][0] for i in range(24)])
-
-
-def _torchvision_draws(t, x):
-    if isinstance(t, v2.Transform):
-        return [list(p[k] for k in ("fn_idx", "brightness_factor", "contrast_factor", "saturation_factor",
-                                    "hue_factor")) for p in (t.make_params([img]) for img in x)]
-    return [list(t.get_params(t.brightness, t.contrast, t.saturation, t.hue)) for _ in range(len(x))]
-
-
 def _reference(t, x, params, api):
     """torchvision's own kernels, one image at a time, in each sample's drawn order."""
     F = torchvision.transforms.functional if api == "v1" else v2.functional
@@ -118,7 +104,7 @@ def test_fused_color_jitter_equals_torchvision(photos, tmp_path, monkeypatch, de
     x = photos if dtype == torch.uint8 else photos.float() / 255
     x = x.to("cuda" if device == "gpu" else "cpu")
     torch.manual_seed(5)
-    params = _torchvision_draws(t, x)
+    params = torchvision_jitter_params(t, x)
     orders, factors = batched.jitter_arrays(params)
     factors[3, :] = np.nan  # a row RandomApply left alone
     params[3] = [params[3][0], None, None, None, None]

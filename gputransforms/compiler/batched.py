@@ -92,9 +92,9 @@ def _coin_v2(p: float) -> bool:
 
 def _on_rows(x: torch.Tensor, rows: list, fn: Batched) -> torch.Tensor:
     """``fn`` applied to the rows ``rows`` of ``x`` (the others unchanged). A function with an ``on_rows``
-    of its own (ColorJitter's) takes the whole batch and the rows: no gather, no scatter, and tensors of
-    the batch's size every time (a sub-batch changes size every batch, and torch's allocator fragments
-    over such sizes)."""
+    of its own (ColorJitter's, GaussianBlur's) takes the whole batch and the rows: no gather, no scatter,
+    and tensors of the batch's size every time (a sub-batch changes size every batch, and torch's
+    allocator fragments over such sizes)."""
     if not rows:
         return x
     if len(rows) == x.shape[0]:
@@ -102,6 +102,11 @@ def _on_rows(x: torch.Tensor, rows: list, fn: Batched) -> torch.Tensor:
     masked = getattr(fn, "on_rows", None)
     if masked is not None:
         return masked(x, rows)
+    return _gathered(x, rows, fn)
+
+
+def _gathered(x: torch.Tensor, rows: list, fn: Batched) -> torch.Tensor:
+    """``fn`` on the sub-batch of ``rows``, scattered back into a copy of ``x``."""
     idx = to_dev(rows, x.device)
     out = x.clone()
     out[idx] = fn(x[idx]).to(x.dtype)
@@ -336,9 +341,7 @@ def lower_gaussian_blur(t) -> Batched:
         gives it back exactly); a float batch has its rows gathered."""
         s = torch.empty(len(rows)).uniform_(lo, hi)
         if x.is_floating_point():
-            out = x.clone()
-            out[rows] = gaussian_blur(x[rows], ks, torch.stack([s, s], 1))
-            return out
+            return _gathered(x, rows, lambda y: gaussian_blur(y, ks, torch.stack([s, s], 1)))
         whole = torch.full((x.shape[0],), _ONE_HOT_SIGMA)
         whole[rows] = s
         return gaussian_blur(x, ks, torch.stack([whole, whole], 1))

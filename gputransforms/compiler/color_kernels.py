@@ -37,7 +37,8 @@ from ..device import to_device
 CHUNK = 64
 
 # The step: ``op`` 0 brightness, 1 contrast (``mean`` is the row's grayscale mean), 2 saturation,
-# 3 hue, anything else none. GT_INT: the image holds integers (uint8); GT_V2: torchvision's v2 kernels.
+# 3 hue, anything else none. GT_INT: the image holds integers (uint8); GT_V2: torchvision's v2 kernels;
+# GT_GRAY: the grayscale of (g0, g1, g2), shared with the contrast's ``_GRAY`` (``_gray``).
 # No ">" in the bodies: jiterator's parser takes the last "> name name(" as the entry's signature.
 _STEP = """
 template <typename T> void gt_jitter_step(T r_, T g_, T b_, T op_, T f_, T mean_, T& ro, T& go, T& bo) {
@@ -59,14 +60,8 @@ template <typename T> void gt_jitter_step(T r_, T g_, T b_, T op_, T f_, T mean_
     const float m = (float)mean_;
     for (int k = 0; k < 3; ++k) x[k] = settle(blend(x[k], m));
   } else if (op == 2) {
-    float gray;
-    if (GT_V2) {
-      gray = __fmaf_rn(0.114f, x[2], __fmaf_rn(0.587f, x[1], __fmul_rn(x[0], 0.2989f)));
-      if (GT_INT) gray = floorf(gray);
-    } else {
-      gray = __fadd_rn(__fadd_rn(__fmul_rn(0.2989f, x[0]), __fmul_rn(0.587f, x[1])), __fmul_rn(0.114f, x[2]));
-      if (GT_INT) gray = truncf(gray);
-    }
+    const float g0 = x[0], g1 = x[1], g2 = x[2];
+    const float gray = GT_GRAY;
     for (int k = 0; k < 3; ++k) x[k] = settle(blend(x[k], gray));
   } else if (op == 3) {
     float rr = x[0], gg = x[1], bb = x[2];
@@ -123,23 +118,27 @@ template <typename T> void gt_jitter_step(T r_, T g_, T b_, T op_, T f_, T mean_
 # The grayscale that contrast takes the mean of (torchvision's, truncated for an integer image).
 _GRAY = """
 template <typename T> T gt_jitter_gray(T r_, T g_, T b_) {
-  const float r = (float)r_, g = (float)g_, b = (float)b_;
-  float gray;
-  if (GT_V2) {
-    gray = __fmaf_rn(0.114f, b, __fmaf_rn(0.587f, g, __fmul_rn(r, 0.2989f)));
-    if (GT_INT) gray = floorf(gray);
-  } else {
-    gray = __fadd_rn(__fadd_rn(__fmul_rn(0.2989f, r), __fmul_rn(0.587f, g)), __fmul_rn(0.114f, b));
-    if (GT_INT) gray = truncf(gray);
-  }
-  return (T)gray;
+  const float g0 = (float)r_, g1 = (float)g_, g2 = (float)b_;
+  return (T)(GT_GRAY);
 }
 """
 
 
+def _gray(integer: bool, v2: bool) -> str:
+    """GT_GRAY: the grayscale of the pixel (g0, g1, g2) as torchvision computes it -- v1's products and sums,
+    v2's ``mul`` and ``add_(alpha=)`` (fused multiply-adds) -- truncated (v1's ``.to(uint8)``, v2's
+    ``floor_``) for an integer image."""
+    if v2:
+        gray = "__fmaf_rn(0.114f, g2, __fmaf_rn(0.587f, g1, __fmul_rn(g0, 0.2989f)))"
+        return f"floorf({gray})" if integer else gray
+    gray = "__fadd_rn(__fadd_rn(__fmul_rn(0.2989f, g0), __fmul_rn(0.587f, g1)), __fmul_rn(0.114f, g2))"
+    return f"truncf({gray})" if integer else gray
+
+
 def source(code: str, integer: bool, v2: bool) -> str:
-    """A kernel's code with its two switches written in (jiterator's code must begin with ``template``)."""
-    return code.replace("GT_INT", "true" if integer else "false").replace("GT_V2", "true" if v2 else "false")
+    """A kernel's code with its switches written in (jiterator's code must begin with ``template``)."""
+    return code.replace("GT_GRAY", _gray(integer, v2)).replace("GT_INT", "true" if integer else "false") \
+        .replace("GT_V2", "true" if v2 else "false")
 
 
 _KERNELS: dict = {}
