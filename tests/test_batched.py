@@ -100,10 +100,11 @@ def test_batched_equals_torchvision_per_sample(photos, name, api, dtype, device)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["ColorJitter", "GaussianBlur", "GaussianBlur (kx, ky)"])
 def test_kernels_in_chunks_equal_torchvision(photos, name, device, monkeypatch):
-    """ColorJitter's adjustments and GaussianBlur work on ``batched.CHUNK`` rows at a time (their float
-    temporaries bounded, and the same size every batch for torch's allocator): in chunks of 5 rows the 24
-    photos still equal torchvision sample by sample."""
+    """ColorJitter's adjustments work on ``batched.CHUNK`` rows at a time and GaussianBlur on
+    ``batched.BLUR_CHUNK`` (their float temporaries bounded, and the same size every batch for torch's
+    allocator): in chunks of 5 rows the 24 photos still equal torchvision sample by sample."""
     monkeypatch.setattr(batched, "CHUNK", 5)
+    monkeypatch.setattr(batched, "BLUR_CHUNK", 5)
     test_batched_equals_torchvision_per_sample(photos, name, "v2", torch.uint8, device)
 
 
@@ -244,3 +245,23 @@ def test_random_apply_of_gaussian_blur_takes_the_whole_batch(photos, dtype, devi
     assert torch.equal(got[kept], x[kept])
     d = (got.double() - ref.double()).abs() * (255 if dtype == torch.float32 else 1)
     assert d.max() <= 1.0 + 1e-3 and d.mean() < 0.01 and not torch.equal(got[rows], x[rows])
+
+
+@pytest.mark.gpu
+def test_gaussian_blur_holds_two_float_chunks_at_most(monkeypatch):
+    """GaussianBlur's float temporaries: each step's input is let go once its output exists, so at most two
+    float copies of ``BLUR_CHUNK`` rows (padded) are alive besides the batch and the result (kornia's
+    ``filter2d_separable`` held five: the peak of SimCLR's batched stage on the H100 host)."""
+    monkeypatch.setattr(batched, "BLUR_CHUNK", 16)
+    x = torch.randint(0, 256, (64, 3, 128, 128), dtype=torch.uint8, device="cuda")
+    k = 23
+    sigmas = torch.full((64, 2), 1.5)
+    batched.gaussian_blur(x, [k, k], sigmas)  # (kernels compiled, cuDNN's workspace settled)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = batched.gaussian_blur(x, [k, k], sigmas)
+    torch.cuda.synchronize()
+    chunk = 16 * 3 * (128 + k - 1) * 128 * 4  # one padded float chunk
+    above = torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
+    assert above <= 3.0 * chunk, (above / chunk)

@@ -19,8 +19,8 @@ Then:
 - ColorJitter: each of the four adjustments on the rows whose random order puts it there, with
   torchvision's tensor arithmetic and one factor per row; on CUDA each step is one fused kernel over
   all rows (``color_kernels``);
-- GaussianBlur: one grouped convolution with a kernel per sample (kornia's filter2d_separable,
-  reflect border like torchvision's);
+- GaussianBlur: grouped convolutions with a kernel per sample (separable, as kornia's
+  filter2d_separable computes it; reflect border like torchvision's);
 - RandomRotation / RandomAffine / RandomPerspective: torchvision's inverse matrices / perspective
   coefficients per sample, one sampling grid per sample built the way torchvision builds its one
   grid, then a single grid_sample through torchvision's own ``_apply_grid_transform`` (fill too);
@@ -70,9 +70,10 @@ Lower = Callable[[object], Optional[Batched]]
 CHUNK = 64
 
 
-def _chunks(n: int):
-    """(start, stop) of each chunk of ``CHUNK`` rows in ``n``."""
-    return ((k, min(n, k + CHUNK)) for k in range(0, n, CHUNK))
+def _chunks(n: int, size: Optional[int] = None):
+    """(start, stop) of each chunk of ``size`` (``CHUNK``) rows in ``n``."""
+    size = size or CHUNK
+    return ((k, min(n, k + size)) for k in range(0, n, size))
 
 
 def to_dev(data, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -309,19 +310,46 @@ def _gaussian_kernels(size: int, sigmas: torch.Tensor) -> torch.Tensor:
 
 def gaussian_blur(x: torch.Tensor, kernel_size, sigmas: list) -> torch.Tensor:
     """torchvision's gaussian_blur with one (sigma_x, sigma_y) per sample: reflect border, float
-    arithmetic, rounded back to an integer dtype."""
-    from kornia.filters import filter2d_separable
-
+    arithmetic, rounded back to an integer dtype. Separable, as kornia's ``filter2d_separable`` computes it
+    (the same pads and grouped convolutions, so the same values), in chunks of ``BLUR_CHUNK`` rows with
+    each temporary let go as soon as the next one is made: two float chunks at a time, where kornia's held
+    five (SimCLR on the H100 host: 187 of torch's 408 MiB at its peak were those five)."""
     kx, ky = kernel_size
     fp = x.is_floating_point()
     dtype = x.dtype if fp else torch.float32
     s = to_dev(sigmas, x.device, dtype).reshape(-1, 2)
     kernels_x, kernels_y = _gaussian_kernels(kx, s[:, 0]), _gaussian_kernels(ky, s[:, 1])
     out = torch.empty_like(x)
-    for c0, c1 in _chunks(x.shape[0]):  # (the padded float copies of CHUNK rows at most)
-        part = filter2d_separable(x[c0:c1].to(dtype), kernels_x[c0:c1], kernels_y[c0:c1], border_type="reflect")
+    for c0, c1 in _chunks(x.shape[0], BLUR_CHUNK):
+        part = x[c0:c1].to(dtype)  # (each step's input is let go when its output takes the name)
+        part = _reflect_pad(part, 1, kx)
+        part = _correlate(part, kernels_x[c0:c1, None, :])
+        part = _reflect_pad(part, ky, 1)
+        part = _correlate(part, kernels_y[c0:c1, :, None])
         out[c0:c1] = part if fp else part.round_()
+        del part
     return out
+
+
+#: the rows GaussianBlur convolves at once (two float copies of them alive at a time)
+BLUR_CHUNK = 32
+
+
+def _reflect_pad(x: torch.Tensor, kh: int, kw: int) -> torch.Tensor:
+    """kornia's 'same' padding for a (kh, kw) kernel, reflected (an even size has the extra pixel after)."""
+    return torch.nn.functional.pad(x, [(kw - 1) // 2, kw - 1 - (kw - 1) // 2, (kh - 1) // 2, kh - 1 - (kh - 1) // 2],
+                                   mode="reflect")
+
+
+def _correlate(padded: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
+    """kornia's ``filter2d`` after its padding: each sample of a padded float (B, C, H', W') batch correlated
+    with its own (kh, kw) kernel, channel by channel, in one grouped convolution."""
+    b, c = padded.shape[:2]
+    kh, kw = kernels.shape[-2:]
+    weight = kernels.to(padded.dtype)[:, None].expand(-1, c, -1, -1).reshape(-1, 1, kh, kw)
+    out = torch.nn.functional.conv2d(padded.reshape(1, -1, padded.size(-2), padded.size(-1)), weight,
+                                     groups=weight.size(0))
+    return out.view(b, c, out.size(-2), out.size(-1))
 
 
 def lower_gaussian_blur(t) -> Batched:
