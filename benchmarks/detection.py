@@ -27,7 +27,9 @@ its ``collate_fn``:
 Prints img/s, time to the first batch and device memory; writes ``detection.json``. Device memory is
 device-wide (DALI's pool is not torch's), and DALI keeps its pool for the process: a pipeline measured
 after another in one process reuses what the first one left. ``--isolate`` runs each row in a process
-of its own (the memory figures to quote).
+of its own (the memory figures to quote). ``--sample`` then runs each gputransforms row a second time
+and says where its main thread is (sampled every millisecond), what share of the time it is on a CPU,
+and how many cores the process's threads and its workers keep busy.
 """
 from __future__ import annotations
 
@@ -243,6 +245,9 @@ def main(argv=None):
                     help="the references' --backend: what the presets augment")
     ap.add_argument("--out", default="bench-out/detection")
     ap.add_argument("--isolate", action="store_true", help="each row in a process of its own")
+    ap.add_argument("--sample", action="store_true",
+                    help="then where gputransforms' main thread is, sampled every ms over as many images, and its CPU "
+                         "time (a second loader; not with --isolate)")
     a = ap.parse_args(argv)
     if a.make_data and not Path(a.root).exists():
         make_data(a.root, a.make_data)
@@ -290,6 +295,9 @@ def main(argv=None):
                 else:
                     make = lambda: dali_ssd(coco, a.batch_size, a.threads)  # noqa: E731
                 row.update(timed(make, a.images))
+                if a.sample and name.startswith("gputransforms"):
+                    row["main_thread"] = _sampled(make, a.images)
+                    print(row["main_thread"], flush=True)
             except Exception as e:  # noqa: BLE001 - one failing pipeline must not hide the others
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
             row["rss_mb"] = rss_peak_mb()
@@ -305,6 +313,57 @@ def main(argv=None):
                 batch_size=a.batch_size, workers=a.workers, threads=a.threads, backend=a.backend)
     (out / "detection.json").write_text(json.dumps(dict(info=info, rows=rows), indent=2))
     print(json.dumps(info))
+
+
+def _sampled(make, n_images: int) -> str:
+    """Where the main thread of a fresh loader is over ``n_images`` after three batches (probes.sources'
+    sampler, three frames deep) and what share of the wall time it was on a CPU."""
+    import time
+
+    from benchmarks.probes.sources import Sampler
+
+    loader = make()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    cpu, wall, seen = time.thread_time(), time.perf_counter(), 0
+    process, children = _cpu_seconds()
+    sampler = Sampler(depth=3)
+    while seen < n_images:
+        try:
+            seen += len(next(it)[0])
+        except StopIteration:  # (a new epoch, as timed() runs them)
+            it = iter(loader)
+    if on_gpu():
+        torch.cuda.synchronize()
+    where = sampler.report(16)
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    process, children = (b - a for a, b in zip((process, children), _cpu_seconds()))
+    return (f"sampled: {seen / wall:.0f} img/s over {seen} images, main thread on a CPU {100 * cpu / wall:.0f}% "
+            f"({1e6 * cpu / max(seen, 1):.0f} us/img); cores busy: this process {process / wall:.1f} (DALI's "
+            f"threads with the main one), its workers {children / wall:.1f}, of {os.cpu_count()}\n{where}")
+
+
+def _cpu_seconds() -> tuple:
+    """CPU seconds used so far by this process (all its threads) and by its live child processes."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def of(pid) -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    me = os.getpid()
+    kids = 0.0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        kids += of(name)
+            except (OSError, ValueError, IndexError):
+                pass
+    return of(me), kids
 
 
 def _say(row: dict) -> None:

@@ -34,8 +34,8 @@ class Sampler:
     """Where the main thread is, every ``interval`` s: the innermost frame of gputransforms, torch or
     DALI (file:function), counted."""
 
-    def __init__(self, interval: float = 0.001):
-        self.main = threading.main_thread().ident
+    def __init__(self, interval: float = 0.001, depth: int = 2):
+        self.main, self.depth = threading.main_thread().ident, depth
         self.counts: collections.Counter = collections.Counter()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
@@ -45,7 +45,7 @@ class Sampler:
         while not self.stop.wait(interval):
             frame = sys._current_frames().get(self.main)
             where = []
-            while frame is not None and len(where) < 2:
+            while frame is not None and len(where) < self.depth:
                 f = frame.f_code.co_filename
                 if any(k in f for k in ("gputransforms", "torch", "nvidia", "benchmarks", "datasets", "pyarrow")):
                     where.append(f"{f.rsplit('/', 2)[-2]}/{f.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
