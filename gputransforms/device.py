@@ -172,15 +172,15 @@ def _cpu_leaves(batch, out: list) -> None:
 
 
 def _pinned_cat(group: list, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
-    """The tensors of ``group`` flattened one after another into one pinned buffer, by NumPy: one
+    """The plain tensors of ``group`` flattened one after another into one pinned buffer, by NumPy: one
     single-threaded copy. torch.cat here ran on the main process's intra-op threads, which wait for
     cores that torch's worker processes keep busy: on the H100 host cat of 32 masks (7 MB) took 47% of
     the segmentation loader's main thread."""
     pin = dev.type == "cuda"
     try:
-        arrays = [t.as_subclass(torch.Tensor).numpy().reshape(-1) for t in group]
+        arrays = [t.numpy().reshape(-1) for t in group]
     except (RuntimeError, TypeError):  # a dtype NumPy lacks (bfloat16)
-        flat = torch.cat([t.as_subclass(torch.Tensor).reshape(-1) for t in group])
+        flat = torch.cat([t.reshape(-1) for t in group])
         return flat.pin_memory() if pin else flat
     buf = torch.empty(sum(a.size for a in arrays), dtype=dtype, pin_memory=pin)
     np.concatenate(arrays, out=buf.numpy())
@@ -193,36 +193,42 @@ def _together(leaves: list, dev: torch.device) -> dict:
     go to it through one pinned buffer and one copy; those already pinned (a segmentation batch's masks,
     ``datasets.pickled``) are copied each from where they are. Tensors held narrow (``WIDEN``) are made
     their dtype in one step, the buffer at once. On the H100 host, moving a detection batch's targets one
-    tensor at a time took 14-16% of the loader's main thread, and widening the masks one at a time 6%."""
+    tensor at a time took 14-16% of the loader's main thread, and widening the masks one at a time 6%.
+    Each tensor's size, shape and memory are read from a plain view of it: through a tv_tensor each read
+    is a Python ``__torch_function__`` call (half of this function's time on a detection batch)."""
     moved: dict = {}
     by_dtype: dict = {}
     for t in leaves:
         if id(t) not in moved:
             moved[id(t)] = None
-            by_dtype.setdefault((t.dtype, t.__dict__.get(WIDEN)), []).append(t)
+            plain = t if type(t) is torch.Tensor else t.as_subclass(torch.Tensor)
+            attributes = t.__dict__
+            by_dtype.setdefault((plain.dtype, attributes.get(WIDEN) if attributes else None), []).append(
+                (t, plain, attributes))
     for (dtype, wide), group in by_dtype.items():
-        flags = [t.is_pinned() and t.is_contiguous() for t in group]
-        paged = [t for t, p in zip(group, flags) if not p]
-        pinned = [t for t, p in zip(group, flags) if p]
+        flags = [p.is_contiguous() and p.is_pinned() for _, p, _ in group]
+        paged = [g for g, f in zip(group, flags) if not f]
+        pinned = [g for g, f in zip(group, flags) if f]
         group = paged + pinned  # (the device buffer's order)
-        sizes = [t.numel() for t in group]
+        sizes = [p.numel() for _, p, _ in group]
         if not pinned:
-            flat = _pinned_cat(group, dtype, dev).to(dev, non_blocking=True)
+            flat = _pinned_cat([p for _, p, _ in group], dtype, dev).to(dev, non_blocking=True)
         else:
             flat = torch.empty(sum(sizes), dtype=dtype, device=dev)
             parts = flat.split(sizes)
             if paged:
-                flat[:sum(sizes[:len(paged)])].copy_(_pinned_cat(paged, dtype, dev), non_blocking=True)
-            for t, part in zip(pinned, parts[len(paged):]):
-                part.copy_(t.as_subclass(torch.Tensor).view(-1), non_blocking=True)
+                flat[:sum(sizes[:len(paged)])].copy_(_pinned_cat([p for _, p, _ in paged], dtype, dev),
+                                                     non_blocking=True)
+            for (_, p, _), part in zip(pinned, parts[len(paged):]):
+                part.copy_(p.view(-1), non_blocking=True)
         if wide is not None:
             flat = flat.to(wide)
-        for t, part in zip(group, flat.split(sizes)):
-            part = part.view(t.shape)
+        for (t, p, attributes), part in zip(group, flat.split(sizes)):
+            part = part.view(p.shape)
             if type(t) is not torch.Tensor:
                 part = part.as_subclass(type(t))
-            if t.__dict__:
-                part.__dict__.update(t.__dict__)
+            if attributes:
+                part.__dict__.update(attributes)
                 part.__dict__.pop(WIDEN, None)
             moved[id(t)] = part
     return moved
