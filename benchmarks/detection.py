@@ -324,8 +324,9 @@ def _sampled(make, n_images: int) -> str:
 
     loader = make()
     it = iter(loader)
-    for _ in range(3):
-        next(it)
+    for _ in range(3):  # (warm-up; a new epoch where one is shorter)
+        if next(it, None) is None:
+            it = iter(loader)
     cpu, wall, seen = time.thread_time(), time.perf_counter(), 0
     process, children = _cpu_seconds()
     sampler = Sampler(depth=3)

@@ -85,7 +85,7 @@ def test_detection_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "det"
     cmd = [sys.executable, "-m", "benchmarks.detection", str(indexed_folder), "--presets", "ssdlite,hflip,ssd-nocolour",
            "--pipelines", "torchvision,gputransforms", "--batch-size", "4", "--images", "8", "--workers", "1",
-           "--threads", "1", "--out", str(out)]
+           "--threads", "1", "--sample", "--out", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {(r["preset"], r["pipeline"]): r for r in json.loads((out / "detection.json").read_text())["rows"]}
@@ -93,6 +93,40 @@ def test_detection_benchmark_runs(indexed_folder, tmp_path):
     for r in rows.values():
         assert "error" not in r, r
         assert r["img_s"] > 0 and r["ttfb_s"] > 0
+        # --sample: ours run again with the main thread sampled (torch's rows are not)
+        assert ("main_thread" in r) == (r["pipeline"] == "gputransforms")
+        if "main_thread" in r:
+            assert r["main_thread"].startswith("sampled: ") and "its workers" in r["main_thread"], r["main_thread"]
+
+
+def test_memory_peak_replays_torchs_allocator_history(tmp_path):
+    """benchmarks.probes.memory_peak on a snapshot of torch's format (written here: the probe that records one
+    needs a GPU): the peak of what was allocated, the blocks alive then by the line that made them, and how
+    much of each reserved segment was in use at that moment."""
+    import pickle
+
+    from benchmarks.probes import memory_peak
+
+    mib = 2 ** 20
+    ours = [{"filename": "/x/gputransforms/compiler/batched.py", "line": 7, "name": "gaussian_blur"}]
+    events = [dict(action="segment_alloc", addr=0, size=64 * mib),
+              dict(action="alloc", addr=0, size=10 * mib, frames=ours),
+              dict(action="alloc", addr=10 * mib, size=30 * mib, frames=[]),
+              dict(action="free_requested", addr=0, size=10 * mib),
+              dict(action="alloc", addr=0, size=4 * mib, frames=ours),
+              dict(action="free_requested", addr=10 * mib, size=30 * mib)]
+    peak, alive, reserved = memory_peak.replay(events)
+    assert (peak, reserved) == (40 * mib, 64 * mib) and sorted(s for s, _ in alive.values()) == [10 * mib, 30 * mib]
+    snap = dict(device_traces=[events], segments=[dict(device=0, address=0, total_size=64 * mib, stream=0,
+                                                       segment_type="large", blocks=[
+        dict(size=10 * mib), dict(size=30 * mib), dict(size=24 * mib)])])
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    res = subprocess.run([sys.executable, "-m", "benchmarks.probes.memory_peak", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "peak allocated 40 MiB, peak reserved 64 MiB" in res.stdout
+    assert "batched.py:7 gaussian_blur" in res.stdout and "40.0 MiB of it alive at the peak" in res.stdout
 
 
 def test_detection_benchmark_isolated_pil_rows_run(indexed_folder, tmp_path):
