@@ -13,6 +13,7 @@ import sys
 import warnings
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 
@@ -138,7 +139,7 @@ class CompiledGraph(Backend):
                                    batch_size=self._max_batch_size, num_threads=s.num_threads, seed=seed,
                                    prefetch_queue_depth=s.prefetch_queue_depth, hw_decoder_load=s.hw_decoder_load,
                                    jpeg_fancy_upsampling=s.jpeg_fancy_upsampling, checkpoint=checkpoint,
-                                   no_copy=True, raw_output=self.plan.hands_over_raw(s.device))
+                                   no_copy=True, raw_output=self.plan.hands_over_raw(s.device), joint_after=True)
 
     def max_batch(self, sampling: Sampling) -> int:
         """The largest batch the index sampler gives (the pipeline's batch size), found before an
@@ -287,8 +288,10 @@ class CompiledIterator(EpochIterator):
         # what the samples gave beside the graph's inputs (a recorded joint transform's targets)
         more = dict(extras=self.epoch.extras.popleft()) if self.epoch.extras else {}
         images = self.to_torch(out[0])
+        # a joint step's rows, where its pixels run after the graph (compiler.joint_kernels)
+        rows = np.array(out[1].as_array()) if len(out) > 1 else None
         pipe.schedule_run()
-        images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw)
+        images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw, rows=rows)
         if b.settings.collate is None:
             labels = None if more else b.labels(indices, self.dev)
             out = b.files.batch(images, labels, self.dev, indices, **more)

@@ -98,6 +98,8 @@ class _Graph:
     seq: bool = False  # samples are sequences of frames (FHWC): per-sample parameters hold for every frame
     raw_output: bool = False  # a float32 output's raw uint8 pixels instead (compiler.handoff)
     params: Any = None  # each sample's row of parameters (a joint step's: compiler.joint)
+    joint_after: bool = False  # a joint step may leave its pixels to compiler.joint_kernels, after the graph
+    rows: Any = None  # ... and did: the rows of parameters, the graph's second output (CPU)
 
 
 def _decode(g: _Graph, step: Step, *, hw_decoder_load: float, jpeg_fancy_upsampling: bool) -> None:
@@ -481,7 +483,7 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
                    seed: int, prefetch_queue_depth: int = 2, device_id: Optional[int] = None,
                    hw_decoder_load: float = 0.9, jpeg_fancy_upsampling: bool = False,
                    reader: Optional[Callable] = None, checkpoint: Optional[bytes] = None,
-                   no_copy: bool = False, raw_output: bool = False) -> Pipeline:
+                   no_copy: bool = False, raw_output: bool = False, joint_after: bool = False) -> Pipeline:
     """One DALI pipeline for ``plan``, fed encoded files by ``source`` (a batch callback), or by
     ``reader()`` (a function returning a DALI node of encoded files, e.g. fn.readers.file, used by
     the benchmarks to take Python out of the measurement). Checkpointing is on (DALI: no cost), so
@@ -490,7 +492,9 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
     DALI reads what ``source`` returns (encoded files, clips' frames) where it is, instead of copying
     it in the calling thread; the caller keeps them alive and unchanged until their iteration has run
     (``feed.PipelineSlot`` keeps the last batches fed). ``raw_output`` (only where ``plan.affine`` is set):
-    the graph ends in its raw uint8 pixels, for ``compiler.handoff.to_float``."""
+    the graph ends in its raw uint8 pixels, for ``compiler.handoff.to_float``. ``joint_after`` (the caller
+    hands the outputs to ``compiler.handoff.finish`` with the second one's rows): a joint step that
+    ``compiler.joint_kernels`` can do ends the graph at the decoded images, its rows of parameters beside them."""
     if raw_output and plan.affine is None:
         raise ValueError("raw_output: the plan's float output is no affine map of raw pixels (plan.affine is None)")
     if device == "gpu" and device_id is None:
@@ -504,11 +508,12 @@ def build_pipeline(plan: Plan, source: Optional[Callable], *, device: str, batch
                   enable_conditionals=any(s.op in CONDITIONAL for s in plan.steps), **_concurrency(plan))
     def graph():  # AutoGraph rewrites this body in a conditional graph: the rest lives outside it
         encoded = _encoded(plan, source, reader, no_copy)
-        g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded, raw_output=raw_output)
+        g = _Graph(img=None, h=None, w=None, device=device, encoded=encoded, raw_output=raw_output,
+                   joint_after=joint_after)
         for step in plan.steps:
             lower = LOWER[step.op] if step.op in CONDITIONAL else do_not_convert(LOWER[step.op])
             lower(g, step, hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=jpeg_fancy_upsampling)
-        return g.img
+        return g.img if g.rows is None else (g.img, g.rows)
 
     # catch_warnings swaps the process's filters: builds in two threads take turns, or one's exit
     # would restore the filters under the other's build and DALI's notes below would reach the user

@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from . import tail
+from . import joint_kernels, tail
 from .plan import Plan
 
 
@@ -44,11 +44,18 @@ def _coefficients(affine: tuple, device: torch.device) -> tuple[torch.Tensor, to
     return tuple(torch.tensor(v, dtype=torch.float32).view(3, 1, 1).to(device) for v in affine)
 
 
-def finish(images, plan: Plan, device: torch.device, stages: list, *, raw: bool, per_sample: bool = False):
+def finish(images, plan: Plan, device: torch.device, stages: list, *, raw: bool, per_sample: bool = False,
+           rows=None):
     """The graph's output (a batch tensor, or a list of samples whose sizes differ) as the chain's output.
     ``raw``: the graph handed over raw pixels (``Plan.hands_over_raw``). ``stages``:
     ``stages.after_graph(plan)``, made once by the caller. ``per_sample``: a list is finished sample by
-    sample (batches of one) instead of being stacked for the tail."""
+    sample (batches of one) instead of being stacked for the tail. ``rows``: the graph's second output, where
+    it ended at the decoded images and left a joint step's pixels to ``joint_kernels`` (with the float map
+    of the hand-off in the same pass)."""
+    if rows is not None:
+        program = next(s.args["program"] for s in plan.steps if s.op == "joint")
+        images = joint_kernels.run(list(images), rows, program, plan.affine if raw else None)
+        raw = False
     if raw:
         images = to_float(images, plan)
     if isinstance(images, (list, tuple)) and per_sample:

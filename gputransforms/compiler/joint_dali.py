@@ -10,6 +10,7 @@ import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 from nvidia.dali.pipeline import do_not_convert
 
+from . import joint_kernels
 from .joint import COLOUR_WIDTH, RESIZE_WIDTH, STAGE_WIDTH, affine_of
 
 _GREY = [0.2989, 0.587, 0.114]
@@ -99,6 +100,11 @@ def _only(applies, x, scalars: list, op):
 def lower(g, step, **_) -> None:
     program = step.args["program"]
     p = g.params  # CPU: argument inputs read it there
+    dtype, scale, shift = affine_of(program.tail)
+    if g.joint_after and g.device == "gpu" and (g.raw_output or not dtype.is_floating_point) and \
+            joint_kernels.takes(program) and joint_kernels.ready():
+        g.rows = p  # the graph decodes; the colour block, the window and the flips run after it
+        return
     pa = p.gpu() if g.device == "gpu" else p  # the arithmetic's scalars, beside the pixels
     x = g.img
     off = 0
@@ -126,7 +132,6 @@ def lower(g, step, **_) -> None:
             x = fn.resize(x, resize_y=p[off], resize_x=p[off + 1], interp_type=getattr(types, interp),
                           antialias=antialias)
             off += RESIZE_WIDTH
-    dtype, scale, shift = affine_of(program.tail)
     if g.raw_output or not dtype.is_floating_point:
         g.img = fn.transpose(x, perm=[2, 0, 1])  # raw uint8 pixels (the hand-off maps them), CHW
     else:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..device import default_device
+from . import joint_kernels
 from . import stages as stage_lists
 from .chain import TO_TENSOR, NotLowerable, Op, flatten, tensor_capable
 from .registry import dali_op
@@ -88,7 +89,13 @@ class Plan:
             if s.note:
                 text += f"  [{s.note}]"
             lines.append(text)
-        if self.hands_over_raw(device):
+        joint = next((s.args["program"] for s in self.steps if s.op == "joint"), None)
+        if device == "gpu" and joint is not None and joint_kernels.takes(joint):
+            lines.append("after the graph: the joint step's colour block, window and flips in CUDA kernels over the "
+                         "batch (compiler.joint_kernels; the graph only decodes), each output pixel read from the "
+                         "decoded image once" + (" and written as float32 (x * scale + shift per channel)"
+                                                 if self.hands_over_raw(device) else ""))
+        elif self.hands_over_raw(device):
             lines.append("hand-off: the graph's raw uint8 pixels become float32 in one kernel (x * scale + shift per "
                          "channel) on the loop's stream")
         if self.tail:
