@@ -205,8 +205,8 @@ def test_layout_offsets_and_identity_colour():
 
 
 def test_explain_says_where_the_joint_pixels_run():
-    """On the GPU a joint step without a resize runs after the graph (the float map in the same pass); with a
-    resize, or on the CPU, the graph does it."""
+    """On the GPU a joint step with the colour block and no resize runs after the graph (the float map in the
+    same pass); without the colour block, with a resize, or on the CPU, the graph does it."""
     plan_module = importlib.import_module("gputransforms.compiler.plan")
     ssd = joint.JointProgram(colour=True, resizes=(), fill=(123, 117, 104),
                              tail=(("to_dtype", torch.float32, True),))
@@ -215,3 +215,5 @@ def test_explain_says_where_the_joint_pixels_run():
     assert "CUDA kernels" not in plan_module._plan_joint(ssd).explain("cpu")
     lsj = joint.JointProgram(colour=False, resizes=(("INTERP_LINEAR", True),), fill=(0, 0, 0), tail=ssd.tail)
     assert not joint_kernels.takes(lsj) and "CUDA kernels" not in plan_module._plan_joint(lsj).explain("gpu")
+    ssdlite = joint.JointProgram(colour=False, resizes=(), fill=(0, 0, 0), tail=ssd.tail)  # (and hflip)
+    assert not joint_kernels.takes(ssdlite) and "hand-off:" in plan_module._plan_joint(ssdlite).explain("gpu")
