@@ -9,6 +9,33 @@ from gputransforms import sampledata
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: CUDA's correctly rounded float intrinsics as plain float operations, for kernel source built on the host
+_HOST_INTRINSICS = """
+#include <cmath>
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+"""
+
+
+def host_kernel_library(path: Path, code: str):
+    """CUDA device code (and host entry points) built by the host's C++ compiler as a shared library, with
+    the rounding intrinsics as plain float operations and no contraction: how the CPU tests run the kernels'
+    source. Skips where there is no compiler."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine")
+    src, lib = path.with_suffix(".cpp"), path.with_suffix(".so")
+    src.write_text(_HOST_INTRINSICS + code)
+    subprocess.run(["g++", "-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC", str(src), "-o", str(lib)],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(lib))
+
 
 def make_photo_folder(out: Path, *, classes: int, per_class: int, seed: int, odd: bool = False) -> Path:
     """Real-photo JPEGs made by the project's own generator (photos from scikit-image's and

@@ -8,8 +8,6 @@ differ by 1 (torch's CPU divides where its CUDA kernels multiply by the reciproc
 sums in another order), the mean difference stays under 0.01 levels.
 """
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -20,16 +18,8 @@ from torchvision.transforms import v2
 from gputransforms import transforms as T
 from gputransforms.compiler import batched, color_kernels
 
-from conftest import DEVICES, torchvision_jitter_params
+from conftest import DEVICES, host_kernel_library, torchvision_jitter_params
 
-_HEADER = """
-#include <cmath>
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-"""
 _ENTRY = """
 extern "C" void step(long n, long hw, const float* r, const float* g, const float* b, const float* op,
                      const float* f, const float* mean, float* ro, float* go, float* bo) {
@@ -46,15 +36,8 @@ extern "C" void gray(long n, const float* r, const float* g, const float* b, flo
 
 def _cpu_kernels(tmp_path, integer: bool, v2: bool):
     """The kernels' source built by g++ as a shared library, wrapped as (step, gray) on CPU tensors."""
-    if shutil.which("g++") is None:
-        pytest.skip("no C++ compiler on this machine")
-    src = tmp_path / f"k{int(integer)}{int(v2)}.cpp"
-    lib = src.with_suffix(".so")
-    src.write_text(_HEADER + color_kernels.source(color_kernels._STEP, integer, v2)
-                   + color_kernels.source(color_kernels._GRAY, integer, v2) + _ENTRY)
-    subprocess.run(["g++", "-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC", str(src), "-o", str(lib)],
-                   check=True, capture_output=True)
-    so = ctypes.CDLL(str(lib))
+    so = host_kernel_library(tmp_path / f"k{int(integer)}{int(v2)}", color_kernels.source(color_kernels._STEP, integer, v2)
+                             + color_kernels.source(color_kernels._GRAY, integer, v2) + _ENTRY)
 
     def ptr(a):
         return a.ctypes.data_as(ctypes.c_void_p)

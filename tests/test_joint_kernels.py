@@ -11,8 +11,6 @@ its own order, the kernels exactly; torch's CPU divides where CUDA multiplies by
 """
 import ctypes
 import importlib
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -22,16 +20,8 @@ from torchvision.transforms.v2 import functional as F
 
 from gputransforms.compiler import joint, joint_kernels
 
-from conftest import has_gpu
+from conftest import has_gpu, host_kernel_library
 
-_HEADER = """
-#include <cmath>
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-"""
 # what gt_joint_means and gt_joint_pixels do, one image and one pixel after another
 _ENTRY = """
 extern "C" void joint(int n, const long long* meta, const float* colour, unsigned long long* sums,
@@ -69,14 +59,7 @@ extern "C" void joint(int n, const long long* meta, const float* colour, unsigne
 
 
 def _cpu_run(tmp_path, images: list, rows: np.ndarray, fill) -> list:
-    if shutil.which("g++") is None:
-        pytest.skip("no C++ compiler on this machine")
-    src = tmp_path / "joint.cpp"
-    lib = src.with_suffix(".so")
-    src.write_text(_HEADER + joint_kernels.source() + _ENTRY)
-    subprocess.run(["g++", "-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC", str(src), "-o", str(lib)],
-                   check=True, capture_output=True)
-    so = ctypes.CDLL(str(lib))
+    so = host_kernel_library(tmp_path / "joint", joint_kernels.source() + _ENTRY)
     hwc = [np.ascontiguousarray(t.permute(1, 2, 0).numpy()) for t in images]
     meta, colour, sizes = joint_kernels.layout(rows, [a.shape[:2] for a in hwc], colour=True)
     meta[:, 0] = [a.ctypes.data for a in hwc]
