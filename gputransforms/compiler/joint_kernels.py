@@ -27,6 +27,7 @@ the joint step back to the graph (``joint_dali``), with one warning for a failur
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import warnings
@@ -190,9 +191,33 @@ def _kernels():
             compile_kernel = torch.cuda._compile_kernel
             code = source() + _CUDA
             options = ["-default-device", "--fmad=false"]
-            _KERNELS[dev] = tuple(compile_kernel(code, name, nvcc_options=options)
+            _KERNELS[dev] = tuple(_launcher(compile_kernel(code, name, nvcc_options=options))
                                   for name in ("gt_joint_means", "gt_joint_pixels"))
         return _KERNELS[dev]
+
+
+def _launcher(kernel):
+    """``launch(grid, block, args)`` for a kernel of ``torch.cuda._compile_kernel`` on the current stream, with
+    the driver's ``cuLaunchKernel`` looked up once: torch's own call opens libcuda and looks the function up
+    again at every launch (8% of the ssd loader's main thread on the H100 host)."""
+    try:
+        launch, func = ctypes.CDLL("libcuda.so.1").cuLaunchKernel, kernel.func
+    except (OSError, AttributeError):  # another driver library or another torch: torch's own call
+        return lambda grid, block, args: kernel(grid=grid, block=block, args=args)
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+    def call(grid: tuple, block: tuple, args: list) -> None:
+        c = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else
+             ctypes.c_int(a) if isinstance(a, int) else ctypes.c_double(a) for a in args]
+        params = (ctypes.c_void_p * len(c))(*[ctypes.addressof(v) for v in c])
+        stream = raw_stream(torch.cuda.current_device()) if raw_stream is not None else \
+            torch.cuda.current_stream().cuda_stream
+        err = launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, ctypes.c_void_p(stream),
+                     params, None)
+        if err != 0:
+            raise RuntimeError(f"gputransforms: the joint step's CUDA kernel did not launch (CUresult {err})")
+
+    return call
 
 
 def layout(rows: np.ndarray, shapes: list, colour: bool) -> tuple:
@@ -243,12 +268,11 @@ def run(images: list, rows: np.ndarray, program, affine: Optional[tuple]) -> lis
         for k, col in ((1, 1), (2, 5)):  # the early contrast's mean, then the late one's (it may need the first)
             if (cf[:, col] != 1.0).any():
                 blocks = min(max(1, -(-largest // (_THREADS * 8))), 256)
-                means(grid=(blocks, n, 1), block=(_THREADS, 1, 1), args=[meta_d, colour_d, sums, n, k])
+                means((blocks, n, 1), (_THREADS, 1, 1), [meta_d, colour_d, sums, n, k])
     fill = [float(v) for v in program.fill]
     scale, shift = affine if affine is not None else ((1.0,) * 3, (0.0,) * 3)
     plane = max(h * w for h, w in sizes)
     blocks = min(max(1, -(-plane // (_THREADS * 4))), 512)
-    pixels(grid=(blocks, n, 1), block=(_THREADS, 1, 1),
-           args=[meta_d, colour_d, sums, n, int(program.colour), int(affine is not None), *fill,
-                 *(float(v) for v in scale), *(float(v) for v in shift)])
+    pixels((blocks, n, 1), (_THREADS, 1, 1), [meta_d, colour_d, sums, n, int(program.colour), int(affine is not None),
+                                              *fill, *(float(v) for v in scale), *(float(v) for v in shift)])
     return outs
