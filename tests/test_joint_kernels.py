@@ -200,3 +200,16 @@ def test_explain_says_where_the_joint_pixels_run():
     assert not joint_kernels.takes(lsj) and "CUDA kernels" not in plan_module._plan_joint(lsj).explain("gpu")
     ssdlite = joint.JointProgram(colour=False, resizes=(), fill=(0, 0, 0), tail=ssd.tail)  # (and hflip)
     assert not joint_kernels.takes(ssdlite) and "hand-off:" in plan_module._plan_joint(ssdlite).explain("gpu")
+
+
+def test_a_launch_falls_back_to_torchs_call_without_the_driver_library(monkeypatch):
+    """joint_kernels._launcher: where libcuda or the kernel's handle is missing, torch's own call launches."""
+    calls = []
+
+    class Kernel:  # a compiled kernel without the ``func`` handle (another torch)
+        def __call__(self, **kw):
+            calls.append(kw)
+
+    launch = joint_kernels._launcher(Kernel())
+    launch((2, 3, 1), (256, 1, 1), [4, 1.5])
+    assert calls == [dict(grid=(2, 3, 1), block=(256, 1, 1), args=[4, 1.5])]
