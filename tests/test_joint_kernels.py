@@ -61,7 +61,7 @@ extern "C" void joint(int n, const long long* meta, const float* colour, unsigne
 def _cpu_run(tmp_path, images: list, rows: np.ndarray, fill) -> list:
     so = host_kernel_library(tmp_path / "joint", joint_kernels.source() + _ENTRY)
     hwc = [np.ascontiguousarray(t.permute(1, 2, 0).numpy()) for t in images]
-    meta, colour, sizes = joint_kernels.layout(rows, [a.shape[:2] for a in hwc], colour=True)
+    meta, colour, sizes = joint_kernels.layout(rows, [a.shape[:2] for a in hwc])
     meta[:, 0] = [a.ctypes.data for a in hwc]
     total = int(meta[-1, 3] + 3 * meta[-1, 4] * meta[-1, 5])
     out = np.zeros(total, dtype=np.float32)
@@ -177,14 +177,18 @@ def test_joint_pixels_are_torchvisions(sized_photos, tmp_path, device):
     assert (rows[:, 15] < 0).any() and (rows[:, 19] == 1).any() and (rows[:, 20] == 1).any()
 
 
-def test_layout_offsets_and_identity_colour():
-    """The table the kernels read: outputs one after another, a program without colour as the identity."""
-    rows = np.asarray([[0, 0, 5, 7, 1, 0], [-2, 3, 4, 4, 0, 1]], dtype=np.float32)
-    meta, colour, sizes = joint_kernels.layout(rows, [(5, 7), (9, 9)], colour=False)
+def test_layout_offsets_and_colour():
+    """The table the kernels read: outputs one after another, each window and its flips, the colour block as
+    the row has it."""
+    colour_rows = np.zeros((2, joint.COLOUR_WIDTH), dtype=np.float32)
+    colour_rows[0, :6] = [1.1, 0.7, 1.3, 1.0, 0.27, 1.4]
+    colour_rows[:, 6:15] = np.eye(3)[[2, 0, 1]].ravel()
+    stage = np.asarray([[0, 0, 5, 7, 1, 0], [-2, 3, 4, 4, 0, 1]], dtype=np.float32)
+    meta, colour, sizes = joint_kernels.layout(np.concatenate([colour_rows, stage], axis=1), [(5, 7), (9, 9)])
     assert sizes == [(5, 7), (4, 4)]
     assert meta[:, 3].tolist() == [0, 3 * 5 * 7] and meta[1, 6:10].tolist() == [-2, 3, 0, 1]
-    assert meta[:, 1:3].tolist() == [[5, 7], [9, 9]]
-    assert colour[0, :6].tolist() == [1, 1, 1, 0, 0, 1] and colour[0, 6:15].reshape(3, 3).tolist() == np.eye(3).tolist()
+    assert meta[0, 6:10].tolist() == [0, 0, 1, 0] and meta[:, 1:3].tolist() == [[5, 7], [9, 9]]
+    assert colour[:, :joint.COLOUR_WIDTH].tolist() == colour_rows.tolist() and not colour[:, joint.COLOUR_WIDTH:].any()
 
 
 def test_explain_says_where_the_joint_pixels_run():

@@ -119,20 +119,20 @@ extern "C" __global__ void gt_joint_means(const long long* meta, const float* co
 }
 
 extern "C" __global__ void gt_joint_pixels(const long long* meta, const float* colour, const unsigned long long* sums,
-                                           int n, int has_colour, int to_float, double f0, double f1,
+                                           int n, int to_float, double f0, double f1,
                                            double f2, double s0, double s1, double s2, double t0, double t1, double t2) {
   const int i = blockIdx.y;
   const long long* m = meta + (long long)i * GT_META;
   const float* c = colour + (long long)i * GT_COLOUR;
   const long long plane = m[4] * m[5], hw = m[1] * m[2];
-  const float mean1 = has_colour && c[1] != 1.0f ? gt_joint_mean(sums[i], hw) : 0.0f;
-  const float mean2 = has_colour && c[5] != 1.0f ? gt_joint_mean(sums[n + i], hw) : 0.0f;
+  const float mean1 = c[1] != 1.0f ? gt_joint_mean(sums[i], hw) : 0.0f;
+  const float mean2 = c[5] != 1.0f ? gt_joint_mean(sums[n + i], hw) : 0.0f;
   const float fill[3] = {(float)f0, (float)f1, (float)f2};
   const float scale[3] = {(float)s0, (float)s1, (float)s2}, shift[3] = {(float)t0, (float)t1, (float)t2};
   for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < plane; p += (long long)gridDim.x * blockDim.x) {
     float v[3];
     if (gt_joint_source(m, p, v)) {
-      if (has_colour) gt_joint_colour(v, c, mean1, mean2, 3);
+      gt_joint_colour(v, c, mean1, mean2, 3);
     } else {
       v[0] = fill[0]; v[1] = fill[1]; v[2] = fill[2];
     }
@@ -220,13 +220,13 @@ def _launcher(kernel):
     return call
 
 
-def layout(rows: np.ndarray, shapes: list, colour: bool) -> tuple:
+def layout(rows: np.ndarray, shapes: list) -> tuple:
     """(meta int64 (N, _META) without the source pointers, colour float32 (N, _COLOUR), output sizes (h, w)
-    per image): what the kernels read, from the batch's rows of parameters and its decoded images' (H, W)."""
+    per image): what the kernels read, from the batch's rows of parameters (the colour block, then the
+    window's stage) and its decoded images' (H, W)."""
     n = rows.shape[0]
     meta = np.zeros((n, _META), dtype=np.int64)
-    off = COLOUR_WIDTH if colour else 0
-    stage = rows[:, off:off + STAGE_WIDTH].astype(np.int64)
+    stage = rows[:, COLOUR_WIDTH:COLOUR_WIDTH + STAGE_WIDTH].astype(np.int64)
     meta[:, 1:3] = np.asarray(shapes, dtype=np.int64).reshape(n, 2)
     meta[:, 4:6] = stage[:, 2:4]
     planes = 3 * stage[:, 2] * stage[:, 3]
@@ -234,10 +234,7 @@ def layout(rows: np.ndarray, shapes: list, colour: bool) -> tuple:
     meta[:, 6:8] = stage[:, 0:2]
     meta[:, 8:10] = stage[:, 4:6] != 0
     cf = np.zeros((n, _COLOUR), dtype=np.float32)
-    if colour:
-        cf[:, :COLOUR_WIDTH] = rows[:, :COLOUR_WIDTH]
-    else:
-        cf[:, [0, 1, 2, 5, 6, 10, 14]] = 1.0  # identity factors and channel matrix
+    cf[:, :COLOUR_WIDTH] = rows[:, :COLOUR_WIDTH]
     return meta, cf, [(int(h), int(w)) for h, w in stage[:, 2:4]]
 
 
@@ -249,7 +246,7 @@ def run(images: list, rows: np.ndarray, program, affine: Optional[tuple]) -> lis
     caching allocator with more device memory reserved: hflip 1.3 -> 2.4 GB on an H200)."""
     means, pixels = _kernels()
     dev = images[0].device
-    meta, cf, sizes = layout(rows, [tuple(t.shape[:2]) for t in images], program.colour)
+    meta, cf, sizes = layout(rows, [tuple(t.shape[:2]) for t in images])
     meta[:, 0] = [t.data_ptr() for t in images]
     dtype = torch.float32 if affine is not None else torch.uint8
     outs = [torch.empty((3, h, w), dtype=dtype, device=dev) for h, w in sizes]
@@ -264,15 +261,14 @@ def run(images: list, rows: np.ndarray, program, affine: Optional[tuple]) -> lis
     meta_d, colour_d = table[:n * _META], table[n * _META:].view(torch.float32)
     sums = torch.zeros(2 * n, dtype=torch.int64, device=dev)
     largest = int(max((meta[:, 1] * meta[:, 2]).max(), 1))
-    if program.colour:
-        for k, col in ((1, 1), (2, 5)):  # the early contrast's mean, then the late one's (it may need the first)
-            if (cf[:, col] != 1.0).any():
-                blocks = min(max(1, -(-largest // (_THREADS * 8))), 256)
-                means((blocks, n, 1), (_THREADS, 1, 1), [meta_d, colour_d, sums, n, k])
+    for k, col in ((1, 1), (2, 5)):  # the early contrast's mean, then the late one's (it may need the first)
+        if (cf[:, col] != 1.0).any():
+            blocks = min(max(1, -(-largest // (_THREADS * 8))), 256)
+            means((blocks, n, 1), (_THREADS, 1, 1), [meta_d, colour_d, sums, n, k])
     fill = [float(v) for v in program.fill]
     scale, shift = affine if affine is not None else ((1.0,) * 3, (0.0,) * 3)
     plane = max(h * w for h, w in sizes)
     blocks = min(max(1, -(-plane // (_THREADS * 4))), 512)
-    pixels((blocks, n, 1), (_THREADS, 1, 1), [meta_d, colour_d, sums, n, int(program.colour), int(affine is not None),
+    pixels((blocks, n, 1), (_THREADS, 1, 1), [meta_d, colour_d, sums, n, int(affine is not None),
                                               *fill, *(float(v) for v in scale), *(float(v) for v in shift)])
     return outs
