@@ -20,9 +20,13 @@ its ``collate_fn``:
 - ``dali-handwritten`` (GPU only, ``ssd``): DALI's SSD example pipeline: ``readers.coco`` +
   ``random_bbox_crop`` + ``decoders.image_slice`` + ``bb_flip`` + ``resize`` to 300 +
   ``crop_mirror_normalize`` (not the same augmentation as torchvision's preset: a reference point);
-- ``dali-preset`` (GPU only, ``ssd``): the ``ssd`` preset's own augmentation written by hand in DALI
-  (``paste`` + ``bbox_paste`` zoom-out, ``random_bbox_crop``, ``bb_flip``, ``hsv`` and
-  ``brightness_contrast``; each image at its own size, as the preset leaves it): the same work as ours.
+- ``dali-preset`` (GPU only; ``ssd``, ``lsj-v2``, ``seg``): the preset's own augmentation written by hand in
+  DALI, the same work as ours. ``ssd``: ``paste`` + ``bbox_paste`` zoom-out, ``random_bbox_crop``,
+  ``bb_flip``, ``hsv`` and ``brightness_contrast``, each image at its own size, as the preset leaves it
+  (``dali_preset``). ``lsj-v2``: ``resize`` by the scale jitter, ``crop_mirror_normalize`` to 1024 x 1024 with
+  the fill, the boxes by arithmetic and ``bb_flip`` (``dali_lsj``). ``seg``: two ``readers.file`` shuffled
+  alike, ``resize_shorter`` (the mask nearest), ``crop_mirror_normalize`` / ``crop`` to 480 x 480 with the
+  fills, ``flip`` (``dali_seg``; the masks as grey PNGs, written once: ``voc_gray_masks``).
 
 Prints img/s, time to the first batch and device memory; writes ``detection.json``. Device memory is
 device-wide (DALI's pool is not torch's), and DALI keeps its pool for the process: a pipeline measured
@@ -41,10 +45,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 
 from benchmarks.common import make_data, on_gpu, rss_peak_mb, timed, torch_device
+
+
+#: the presets each hand-written DALI pipeline has
+DALI_PRESETS = {"dali-handwritten": ("ssd",), "dali-preset": ("ssd", "lsj-v2", "seg")}
 
 
 def coco_of(root: str) -> tuple:
@@ -207,6 +216,108 @@ def dali_preset(coco: tuple, batch_size: int, threads: int):
     return _Ragged(p, p.epoch_size("reader") // batch_size)
 
 
+def dali_lsj(coco: tuple, batch_size: int, threads: int, device: str = "gpu"):
+    """``lsj-v2`` written by hand in DALI: ``ScaleJitter`` to 1024 x 1024 (scale 0.1-2.0 of the size that fits,
+    from the file's header: ``peek_image_shape``), then ``crop_mirror_normalize``: a 1024 x 1024 window at a
+    uniform position, padded with the preset's mean fill where the image is smaller, the mirror, float scaled to
+    [0, 1], CHW; the boxes (``readers.coco``'s, relative) scaled, moved, ``bb_flip``-ed and clamped by the same
+    numbers. What it leaves out of the preset: the removal of boxes left empty by the crop
+    (``SanitizeBoundingBoxes``; DALI has no operator for it), and RandomCrop's exact padding (both sides by the
+    missing size, then a uniform window: here the window's position alone places the image). ``device``
+    "cpu": the same graph on DALI's CPU operators (the tests)."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import math as dmath
+
+    gpu = device == "gpu"
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1)
+    def pipe():
+        jpegs, boxes, labels = fn.readers.coco(file_root=coco[0], annotations_file=coco[1], skip_empty=True,
+                                               ratio=True, ltrb=True, random_shuffle=True, name="reader")
+        shape = fn.cast(fn.peek_image_shape(jpegs), dtype=types.FLOAT)
+        h, w = shape[0], shape[1]
+        r = dmath.min(1024.0 / h, 1024.0 / w) * fn.random.uniform(range=[0.1, 2.0])
+        nh, nw = dmath.floor(h * r), dmath.floor(w * r)  # (torchvision's int())
+        images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=nw, resize_y=nh, antialias=True)
+        px, py = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
+        flip = fn.random.coin_flip(probability=0.5)
+        images = fn.crop_mirror_normalize(images, crop=(1024, 1024), crop_pos_x=px, crop_pos_y=py,
+                                          out_of_bounds_policy="pad", fill_values=[123 / 255, 117 / 255, 104 / 255],
+                                          mirror=flip, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[0.0] * 3, std=[255.0] * 3)
+        ax, ay = dmath.floor(px * (nw - 1024.0) + 0.5), dmath.floor(py * (nh - 1024.0) + 0.5)
+        size = fn.stack(nw, nh, nw, nh)
+        boxes = (boxes * size - fn.stack(ax, ay, ax, ay)) / 1024.0
+        boxes = dmath.clamp(fn.bb_flip(boxes, ltrb=True, horizontal=flip), 0.0, 1.0) * 1024.0
+        return (images, boxes.gpu(), labels.gpu()) if gpu else (images, boxes, labels)
+
+    p = pipe()
+    p.build()
+    return _Ragged(p, p.epoch_size("reader") // batch_size)
+
+
+def voc_gray_masks(voc: str) -> tuple:
+    """The VOC layout's images and its class masks as greyscale PNGs (``SegmentationClassGray``, written once):
+    DALI's decoders expand a palette PNG to its colours, so a DALI user stores the class indices as grey values
+    (the conversion is not timed). Returns (jpeg paths, grey mask paths) in the ``train`` list's order."""
+    from PIL import Image
+
+    base = Path(voc) / "VOCdevkit" / "VOC2012"
+    names = (base / "ImageSets" / "Segmentation" / "train.txt").read_text().split()
+    out = base / "SegmentationClassGray"
+    out.mkdir(exist_ok=True)
+    masks = []
+    for n in names:
+        m = out / f"{n}.png"
+        if not m.exists():
+            with Image.open(base / "SegmentationClass" / f"{n}.png") as img:
+                Image.fromarray(np.asarray(img), mode="L").save(m)
+        masks.append(str(m))
+    return [str(base / "JPEGImages" / f"{n}.jpg") for n in names], masks
+
+
+def dali_seg(voc: str, batch_size: int, threads: int, device: str = "gpu"):
+    """The segmentation train preset (base 520, crop 480) written by hand in DALI: two ``readers.file`` shuffled
+    alike (the photos, the grey masks: ``voc_gray_masks``), each decoded (the mask as GRAY), the shorter side
+    resized to a uniform integer in [260, 1040] (the image with antialias, the mask nearest), a 480 x 480 window
+    at a uniform position padded where the image is smaller (0 for the image, 255 for the mask), the mirror,
+    the image float and normalized (``crop_mirror_normalize``), the mask int64 HW. Dense batches: DALI's own
+    PyTorch iterator. What it leaves out: PadIfSmaller pads the right and the bottom only (here the window's
+    position places the image)."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    gpu = device == "gpu"
+    jpegs, masks = voc_gray_masks(voc)
+    mean, std = np.asarray([0.485, 0.456, 0.406]), np.asarray([0.229, 0.224, 0.225])
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=1)
+    def pipe():
+        image, _ = fn.readers.file(files=jpegs, random_shuffle=True, seed=7, name="reader")
+        mask, _ = fn.readers.file(files=masks, random_shuffle=True, seed=7)
+        decoder = "mixed" if gpu else "cpu"
+        image = fn.decoders.image(image, device=decoder, output_type=types.RGB)
+        mask = fn.decoders.image(mask, device=decoder, output_type=types.GRAY)
+        short = fn.cast(fn.random.uniform(range=[260, 1041], dtype=types.INT32), dtype=types.FLOAT)
+        image = fn.resize(image, resize_shorter=short, antialias=True)
+        mask = fn.resize(mask, resize_shorter=short, interp_type=types.INTERP_NN, antialias=False)
+        px, py = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
+        flip = fn.random.coin_flip(probability=0.5)
+        image = fn.crop_mirror_normalize(image, crop=(480, 480), crop_pos_x=px, crop_pos_y=py,
+                                         out_of_bounds_policy="pad", fill_values=list(-mean / std), mirror=flip,
+                                         dtype=types.FLOAT, output_layout="CHW", mean=list(255 * mean),
+                                         std=list(255 * std))
+        mask = fn.crop(mask, crop=(480, 480), crop_pos_x=px, crop_pos_y=py, out_of_bounds_policy="pad",
+                       fill_values=255)
+        mask = fn.cast(fn.squeeze(fn.flip(mask, horizontal=flip), axis_names="C"), dtype=types.INT64)
+        return image, mask
+
+    p = pipe()
+    p.build()
+    return _Pairs(DALIGenericIterator([p], ["images", "boxes"], reader_name="reader", auto_reset=True))
+
+
 class _Ragged:
     """A DALI pipeline's ragged outputs as (per-image tensors, per-image boxes) batches, one epoch per
     iteration (DALI's iterators take dense batches only)."""
@@ -257,7 +368,7 @@ def main(argv=None):
     rows = []
     for preset in a.presets.split(","):
         for name in a.pipelines.split(","):
-            if name.startswith("dali-") and (preset != "ssd" or not on_gpu()):  # (SSD only, GPU only)
+            if name.startswith("dali-") and (preset not in DALI_PRESETS.get(name, ()) or not on_gpu()):  # (GPU only)
                 continue
             row = dict(preset=preset, pipeline=name, backend=a.backend)
             if a.isolate:
@@ -291,7 +402,9 @@ def main(argv=None):
                     make = lambda: DataLoader(data(), batch_size=a.batch_size, shuffle=True,  # noqa: E731
                                               num_workers=a.workers, collate_fn=fn, **extra)
                 elif name == "dali-preset":
-                    make = lambda: dali_preset(coco, a.batch_size, a.threads)  # noqa: E731
+                    make = {"ssd": lambda: dali_preset(coco, a.batch_size, a.threads),  # noqa: E731
+                            "lsj-v2": lambda: dali_lsj(coco, a.batch_size, a.threads),
+                            "seg": lambda: dali_seg(voc, a.batch_size, a.threads)}[preset]
                 else:
                     make = lambda: dali_ssd(coco, a.batch_size, a.threads)  # noqa: E731
                 row.update(timed(make, a.images))

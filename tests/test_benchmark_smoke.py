@@ -286,3 +286,35 @@ def test_timm_randaugment_probes_run(indexed_folder):
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert sum("img/s" in line for line in res.stdout.splitlines()) == (11 if torch.cuda.is_available() else 7)
+
+
+def test_hand_written_dali_presets_on_the_cpu(photo_folder, tmp_path):
+    """benchmarks.detection's hand-written DALI pipelines for lsj-v2 and seg (timed on the GPU), on DALI's CPU
+    operators: the preset's output shapes and types, boxes inside the canvas, and the mask moved with its image
+    (where the window runs past the image, the image's fill and the mask's 255 are at the same pixels, so the
+    two readers stay paired and the flip and the window are the same for both)."""
+    pytest.importorskip("pycocotools")
+    pytest.importorskip("nvidia.dali")
+    import shutil
+
+    from benchmarks import detection as bd
+
+    root = tmp_path / "photos"
+    shutil.copytree(photo_folder, root)
+    lsj = bd.dali_lsj(bd.coco_of(str(root)), 4, 1, device="cpu")
+    images, boxes = next(iter(lsj))
+    assert [tuple(t.shape) for t in images] == [(3, 1024, 1024)] * 4 and images[0].dtype == torch.float32
+    assert all(len(b) and b.min() >= 0 and b.max() <= 1024 for b in boxes)
+    seg = bd.dali_seg(bd.voc_of(str(root)), 4, 1, device="cpu")
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    fill = (-mean / std).view(1, 3, 1, 1)
+    padded = 0
+    for k, (images, masks) in enumerate(seg):
+        assert images.shape == (4, 3, 480, 480) and masks.shape == (4, 480, 480) and masks.dtype == torch.int64
+        at_fill = (images - fill).abs().amax(1) < 1e-6  # (a photo's own black pixels too: whole rows and
+        rows, cols = at_fill.all(2), at_fill.all(1)     # columns of it are the padding)
+        assert (masks[rows] == 255).all() and (masks.permute(0, 2, 1)[cols] == 255).all()
+        padded += int(rows.sum() + cols.sum())
+        if k == 5:
+            break
+    assert padded > 0
