@@ -624,6 +624,40 @@ def test_targets_travel_from_the_workers_as_they_were():
     assert back["boxes"].format == target["boxes"].format and back["boxes"].canvas_size == (30, 40)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_of_targets_loads_straight_to_the_device(device):
+    """pickled.load_to_device: several workers' pickled targets (every array beside its pickle), their arrays
+    views of one buffer on the device; each comes back as load gives it: values, dtype, shape, type, tv_tensor
+    attributes, empty boxes, a narrowed mask made wide again, a sample without tensors."""
+    from gputransforms.compiler.joint_masks import widened
+    from gputransforms.datasets import pickled
+    from gputransforms.datasets.detection import _pickled
+
+    dev = torch.device("cuda" if device == "gpu" else "cpu")
+    gen = torch.Generator().manual_seed(2)
+    targets = [{"boxes": tv_tensors.BoundingBoxes(torch.rand(k, 4, generator=gen) * 90, format="XYXY",
+                                                  canvas_size=(90 + k, 100)),
+                "labels": torch.randint(0, 80, (k,), generator=gen), "image_id": k,
+                "scores": torch.rand(k, generator=gen, dtype=torch.float64).to(torch.float16)} for k in range(5)]
+    targets.append({"masks": tv_tensors.Mask(torch.randint(0, 21, (1, 190, 200), generator=gen)), "id": "x"})
+    targets.append({"image_id": 9})
+    data = [_pickled(t) for t in targets]
+    # every array is beside its pickle (aligned for a view as its dtype), none in it
+    assert all(int.from_bytes(d[:8], "little") < 600 for d in data)
+    back = widened(pickled.load_to_device(data, dev))
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    for t, b in zip(targets, back):
+        assert list(b) == list(t)
+        for key, v in t.items():
+            if not isinstance(v, torch.Tensor):
+                assert b[key] == v
+                continue
+            assert type(b[key]) is type(v) and b[key].dtype == v.dtype and b[key].device.type == dev.type, key
+            assert torch.equal(b[key].cpu(), v) and b[key].__dict__ == v.__dict__, key
+    assert pickled.load_to_device([], dev) == []
+
+
 class UserDetection(tud.Dataset):
     """A detection Dataset as users write one (torchvision's finetuning tutorial's shape): its own list of
     files and boxes from the COCO json, PIL's open, a target of tv_tensors, ``self.transforms(img, target)``."""

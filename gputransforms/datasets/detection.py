@@ -99,6 +99,7 @@ class _TargetPickler(pickled.ArraysApart):
     beside the pickle (``pickled``: in the main thread, one copy each into pinned memory)."""
 
     NARROW = 1 << 16
+    apart = 0  # every array beside the pickle: a batch's go to the device in one copy (``pickled.load_to_device``)
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and (type(obj) is torch.Tensor or isinstance(obj, tv_tensors.TVTensor)) \
@@ -324,9 +325,16 @@ class DetectionSamples(FileSamples):
             # the targets (and the samples that ran as written) on the images' device together, before the
             # collate_fn: one copy per dtype, and a collate_fn that pads or stacks masks does it there
             dev = images[0].device if len(images) else torch.device("cpu")
-            # (loaded as they arrived, unless a worker's piece came through torch's pipe: backends/arena.py)
-            unpacked = [pickled.load(target) if isinstance(target, bytes) else target for _, target in extras]
-            unpacked = joint_masks.widened(to_device(unpacked, dev) if dev.type == "cuda" else unpacked)
+            # (loaded as they arrived where a worker's piece came through its ring, backends/arena.py; those
+            # through torch's pipe, small ones, are loaded here: on the GPU straight to the device, together)
+            if dev.type == "cuda":
+                raw = [target for _, target in extras if isinstance(target, bytes)]
+                loaded = iter(pickled.load_to_device(raw, dev) if raw else ())
+                unpacked = [next(loaded) if isinstance(target, bytes) else target for _, target in extras]
+                unpacked = joint_masks.widened(to_device(unpacked, dev) if len(raw) < len(extras) else unpacked)
+            else:
+                unpacked = joint_masks.widened([pickled.load(target) if isinstance(target, bytes) else target
+                                                for _, target in extras])
             return [sample if kind == "ready" else (tv_tensors.Image(img) if kind == "image" else img, sample)
                     for img, (kind, _), sample in zip(images, extras, unpacked)]
         return [self.sample(img, i) for img, i in zip(images, indices)]

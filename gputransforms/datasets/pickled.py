@@ -9,6 +9,10 @@ copied out of the worker's ring into fresh memory by the unpickling and once mor
 the device (``device._together``): two of the copies that bound the segmentation loader's main thread
 (``benchmarks/results/h100-seg-pyspy-arena.txt``).
 
+A detection target's pickler (``datasets.detection``) leaves every array beside its pickle, small ones too:
+a batch of such pickles that came through torch's pipe goes to the GPU by ``load_to_device``, all their
+arrays in one pinned buffer and one copy, each array a view of the device buffer as it is unpickled.
+
 The pinned blocks come from torch's caching host allocator (``torch.empty(..., pin_memory=True)``) and
 stay torch tensors: a copy to the device that reads one is recorded against its block, which is not
 reused before the copy has run. (A pinned block handed back through NumPy loses that record.)
@@ -38,8 +42,10 @@ class Pickled(bytes):
 
 
 class ArraysApart(pickle.Pickler):
-    """A pickler that leaves each C-contiguous NumPy array of ``APART`` bytes or more out of the pickle:
-    ``dumps`` puts their bytes after it."""
+    """A pickler that leaves each C-contiguous NumPy array of ``apart`` bytes or more (``APART``) out of the
+    pickle: ``dumps`` puts their bytes after it."""
+
+    apart = APART
 
     def __init__(self, file, protocol=pickle.HIGHEST_PROTOCOL):
         super().__init__(file, protocol=protocol)
@@ -47,7 +53,7 @@ class ArraysApart(pickle.Pickler):
         self.size = 0
 
     def persistent_id(self, obj):
-        if type(obj) is np.ndarray and obj.nbytes >= APART and obj.flags.c_contiguous and not obj.dtype.hasobject:
+        if type(obj) is np.ndarray and obj.nbytes >= self.apart and obj.flags.c_contiguous and not obj.dtype.hasobject:
             at = self.size
             self.arrays.append(obj)
             self.size += -(-obj.nbytes // _ALIGN) * _ALIGN
@@ -80,13 +86,14 @@ class _Loader(pickle.Unpickler):
     def persistent_load(self, pid):
         at, n, dtype, shape = pid
         src = np.frombuffer(self.buf, np.uint8, count=n, offset=self.start + at)
+        if n < APART or not self.pin:  # (a small one goes to the device with the others: device._together)
+            return src.copy().view(np.dtype(dtype)).reshape(shape)
         if self.pin == IN_PLACE:
             return torch.from_numpy(src).view(_torch_dtype(dtype)).view(shape)
-        if self.pin:  # a torch tensor in pinned memory, the one copy: the device's copy reads it from there
-            out = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            out.numpy()[:] = src
-            return out.view(_torch_dtype(dtype)).view(shape)
-        return src.copy().view(np.dtype(dtype)).reshape(shape)
+        # a torch tensor in pinned memory, the one copy: the device's copy reads it from there
+        out = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        out.numpy()[:] = src
+        return out.view(_torch_dtype(dtype)).view(shape)
 
 
 def load(buf, pin=False):
@@ -98,6 +105,36 @@ def load(buf, pin=False):
     stream = np.frombuffer(buf, np.uint8, count=n, offset=_LENGTH).tobytes()
     start = -(-(_LENGTH + n) // _ALIGN) * _ALIGN
     return _Loader(buf, start, stream, pin).load()
+
+
+class _DeviceLoader(pickle.Unpickler):
+    def __init__(self, stream, flat: torch.Tensor, base: int):
+        super().__init__(io.BytesIO(stream))
+        self.flat, self.base = flat, base
+
+    def persistent_load(self, pid):
+        at, n, dtype, shape = pid
+        return self.flat[self.base + at:self.base + at + n].view(_torch_dtype(dtype)).view(shape)
+
+
+def load_to_device(bufs: list, dev: torch.device) -> list:
+    """What ``ArraysApart.dumps`` pickled, from each of ``bufs`` (bytes), with the arrays beside each pickle as
+    views of one buffer on ``dev``: every pickle's arrays, one after another, go through one pinned buffer and
+    one copy. A detection batch's targets pickled with every array apart (``datasets.detection``) then come
+    to the device as they are unpickled, instead of as CPU tensors gathered and copied again
+    (``device._together``: a quarter of the ssd loader's main thread on the H100 host)."""
+    heads, total = [], 0
+    for b in bufs:
+        n = int.from_bytes(b[:_LENGTH], "little")
+        start = -(-(_LENGTH + n) // _ALIGN) * _ALIGN
+        heads.append((n, start, total))
+        total += len(b) - start  # (a multiple of _ALIGN: each array's place is padded to it)
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+    if total:
+        np.concatenate([np.frombuffer(b, np.uint8, offset=start) for b, (_, start, _) in zip(bufs, heads)],
+                       out=host.numpy())
+    flat = host.to(dev, non_blocking=True)
+    return [_DeviceLoader(bytes(b[_LENGTH:_LENGTH + n]), flat, base).load() for b, (n, _, base) in zip(bufs, heads)]
 
 
 @functools.lru_cache(maxsize=None)
