@@ -108,13 +108,22 @@ def load(buf, pin=False):
 
 
 class _DeviceLoader(pickle.Unpickler):
-    def __init__(self, stream, flat: torch.Tensor, base: int):
+    def __init__(self, stream, typed: dict, base: int):
         super().__init__(io.BytesIO(stream))
-        self.flat, self.base = flat, base
+        self.typed, self.base = typed, base
 
     def persistent_load(self, pid):
         at, n, dtype, shape = pid
-        return self.flat[self.base + at:self.base + at + n].view(_torch_dtype(dtype)).view(shape)
+        flat = self.typed.get(dtype)
+        if flat is None:  # the device buffer viewed as this dtype, once a batch (its length is a multiple of _ALIGN)
+            flat = self.typed[dtype] = self.typed[None].view(_torch_dtype(dtype))
+        size = flat.element_size()
+        strides, step = [], 1
+        for d in reversed(shape):
+            strides.append(step)
+            step *= d
+        # (one operation a tensor: a slice and two views were three, each a dispatch in the main thread)
+        return flat.as_strided(shape, strides[::-1], (self.base + at) // size)
 
 
 def load_to_device(bufs: list, dev: torch.device) -> list:
@@ -133,8 +142,8 @@ def load_to_device(bufs: list, dev: torch.device) -> list:
     if total:
         np.concatenate([np.frombuffer(b, np.uint8, offset=start) for b, (_, start, _) in zip(bufs, heads)],
                        out=host.numpy())
-    flat = host.to(dev, non_blocking=True)
-    return [_DeviceLoader(bytes(b[_LENGTH:_LENGTH + n]), flat, base).load() for b, (n, _, base) in zip(bufs, heads)]
+    typed = {None: host.to(dev, non_blocking=True)}
+    return [_DeviceLoader(bytes(b[_LENGTH:_LENGTH + n]), typed, base).load() for b, (n, _, base) in zip(bufs, heads)]
 
 
 @functools.lru_cache(maxsize=None)
