@@ -279,3 +279,31 @@ def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(mo
     assert ep.held[0].copies is event and ep.held[1].copies is None and ep.decoders.rings.last_copy is event
     ep._from_rings(batches[3])
     assert log[-2:] == [("sync", event), ("release", [1])]
+
+
+def test_chunks_returned_out_of_order_make_the_batches_in_order():
+    """ProcessEpochFeed._next_batch: the workers' chunks come back as they are done (torch's in_order=False,
+    set for recorded joint transforms, whose samples draw from seeds of their own); each batch is made of its
+    own chunks, in the sampler's order, the chunks of later batches kept until theirs is next."""
+    import types
+
+    from gputransforms.backends import feed
+
+    flat = feed._Flat(chunk=3)
+    flat.batches = iter([list(range(0, 7)), list(range(7, 9)), list(range(9, 17))])  # 3 + 1 + 3 chunks
+    chunks = list(flat)
+    assert [c[1] for c in chunks] == list(range(7)) and list(flat.starts) == [0, 3, 4]
+    returned = [chunks[k] for k in (4, 2, 6, 0, 5, 1, 3)]  # (a worker's results: its chunk's place, one per index)
+    ep = feed.ProcessEpochFeed.__new__(feed.ProcessEpochFeed)
+    ep.decoders, ep.waiting = types.SimpleNamespace(flat=flat), {}
+    ep.it = iter([(seq, [("r", i) for i in idx]) for _, seq, idx in returned])
+    got = []
+    while True:
+        batch, items = ep._next_batch()
+        if batch is None:
+            break
+        got.append((batch, [i for _, i in items]))
+    assert got == [(list(range(0, 7)), list(range(0, 7))), ([7, 8], [7, 8]), (list(range(9, 17)), list(range(9, 17)))]
+    assert not ep.waiting and not flat.pulled and not flat.starts
+    # the loader of chunks lets them come back out of order only where it can (torch 2.6 on)
+    assert "in_order" in feed._LOADER_ARGS

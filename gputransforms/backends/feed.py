@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import inspect
 import queue
 import threading
 import weakref
@@ -180,15 +181,16 @@ class _Decoded(tud.Dataset):
         raise TypeError
 
     def __getitem__(self, item):
-        """``item``: (the epoch's number, a list of indices (or (index, seed) pairs) of one batch); one
-        result per sample, its large parts in this worker's ring of shared memory where it has one."""
-        epoch, chunk = item
+        """``item``: (the epoch's number, the chunk's place in the epoch, a list of indices (or (index, seed)
+        pairs) of one batch); (the chunk's place, one result per sample), its large parts in this worker's
+        ring of shared memory where it has one."""
+        epoch, seq, chunk = item
         out = [self._one(i) for i in chunk]
         if self.rings:
             info = tud.get_worker_info()
             if info is not None:
                 out = self.rings.stash(info.id, epoch, out)
-        return out
+        return seq, out
 
     def _one(self, i):
         if isinstance(i, tuple):  # (index, seed): this sample's draws from its own seed (``_Flat.seed``)
@@ -212,6 +214,7 @@ class _Flat(tud.Sampler):
         self.chunk = chunk
         self.batches = iter(())
         self.pulled: collections.deque = collections.deque()  # batches handed to workers, not yet returned
+        self.starts: collections.deque = collections.deque()  # beside pulled: each batch's first chunk's place
         # set: each index goes out with a seed of its own, from this one and its place in the epoch, so
         # that an epoch's draws do not depend on which worker takes which sample
         self.seed: Optional[int] = None
@@ -221,15 +224,21 @@ class _Flat(tud.Sampler):
         return -(-batch_size // self.chunk)
 
     def __iter__(self):
-        n = 0
+        n, seq = 0, 0
         for b in self.batches:
             b = list(b)
             self.pulled.append(b)
+            self.starts.append(seq)
             if self.seed is not None:
                 b = [(i, (self.seed * 1_000_003 + n + k) % (2 ** 63)) for k, i in enumerate(b)]
                 n += len(b)
             for k in range(0, len(b), self.chunk):
-                yield self.epoch, b[k:k + self.chunk]
+                yield self.epoch, seq, b[k:k + self.chunk]
+                seq += 1
+
+
+#: the arguments this torch's DataLoader takes (``in_order`` since torch 2.6)
+_LOADER_ARGS = frozenset(inspect.signature(tud.DataLoader.__init__).parameters)
 
 
 def _identity(x):
@@ -284,6 +293,12 @@ class ProcessDecoders:
         # samples draw from it in this thread, as torch's DataLoader with no workers does)
         gen = torch.Generator()
         gen.manual_seed(seed if seed is not None else 0)
+        if extras and workers > 0 and "in_order" in _LOADER_ARGS:
+            # each sample draws from a seed of its own (``_Flat.seed``), so which worker takes it changes
+            # nothing: its chunks come back as they are done, and a worker is handed more as soon as it has
+            # room, instead of waiting behind a slow chunk of another (the batches still go in order:
+            # ProcessEpochFeed.next_encoded)
+            more["in_order"] = False
         # a recorded sample's encoded file and target through shared memory (arena.py), not torch's pipe
         self.rings = arena.Rings(workers, pin=gpu) if extras and workers > 0 else None
         self.dl = tud.DataLoader(_Decoded(read, extras, self.rings), batch_size=None, sampler=self.flat,
@@ -296,6 +311,7 @@ class ProcessDecoders:
     def epoch(self, batches, seed: Optional[int] = None):
         self.flat.batches = batches
         self.flat.pulled.clear()
+        self.flat.starts.clear()
         self.flat.seed = seed
         self.flat.epoch += 1
         if self.rings:  # its workers write over all that was written before: what reads it in place has run
@@ -348,6 +364,7 @@ class ProcessEpochFeed(EpochFeed):
         self.error: Optional[Exception] = None
         self.decoders = decoders
         self.held: collections.deque = collections.deque()  # a _Held per batch fed from the rings, not yet released
+        self.waiting: dict = {}  # chunks returned ahead of a batch before theirs, by their place in the epoch
         self.it = decoders.epoch(batches, seed)
 
     def pending(self) -> list:
@@ -359,14 +376,10 @@ class ProcessEpochFeed(EpochFeed):
                 raise StopIteration
             pulled, batch = self.decoders.flat.pulled, None
             try:
-                first = next(self.it, None)
-                if first is None:
+                batch, items = self._next_batch()
+                if batch is None:
                     self.stopped = True
                     raise StopIteration
-                batch = pulled.popleft()  # the sampler has handed out its first chunk, so it is recorded
-                items = list(first)
-                for _ in range(self.decoders.flat.chunks(len(batch)) - 1):
-                    items += next(self.it)
                 if self.decoders.rings:
                     items = self._from_rings(items)
             except (RuntimeError, ConnectionError, EOFError) as e:  # a worker died, or timeout= passed
@@ -407,6 +420,27 @@ class ProcessEpochFeed(EpochFeed):
                 if extras:
                     self.extras.append(extras)
                 return tuple(list(col) for col in zip(*data))
+
+    def _next_batch(self) -> tuple:
+        """(the next batch in the sampler's order, its samples' results), or (None, None) at the epoch's end.
+        Its chunks are taken as the workers return them (in any order where the loader of chunks does not
+        keep it: ProcessDecoders); those of later batches wait in ``waiting``."""
+        flat, waiting = self.decoders.flat, self.waiting
+
+        def complete() -> bool:  # (the sampler records a batch when it hands out its first chunk)
+            return bool(flat.pulled) and all(flat.starts[0] + k in waiting
+                                             for k in range(flat.chunks(len(flat.pulled[0]))))
+
+        while not complete():
+            got = next(self.it, None)
+            if got is None:
+                return None, None
+            waiting[got[0]] = got[1]
+        batch, start = flat.pulled.popleft(), flat.starts.popleft()
+        items: list = []
+        for k in range(flat.chunks(len(batch))):
+            items += waiting.pop(start + k)
+        return batch, items
 
     def _from_rings(self, items: list) -> list:
         """A batch's items with what came through the workers' rings in place of where it is there. The
