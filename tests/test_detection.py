@@ -980,3 +980,28 @@ def test_a_joint_graph_asks_for_dalis_operator_concurrency_where_dali_has_it(mon
     assert lowering._concurrency(other) == {}
     monkeypatch.delattr(dali, "OperatorConcurrency")
     assert lowering._concurrency(joint) == {}
+
+
+def test_workers_chunks_in_any_order_give_the_same_epoch(coco):
+    """With workers each sample draws from a seed of its own and the workers' chunks come back as they are
+    done (feed.ProcessDecoders): three workers, one worker and a second run of three give the same batches,
+    sample by sample, for a random preset (ssd), batches of two chunks each."""
+    from presets import DetectionPresetTrain
+
+    ds = wrapped(coco, DetectionPresetTrain(data_augmentation="ssd"), keys=["boxes", "labels", "image_id"])
+
+    def epoch(workers: int) -> list:
+        torch.manual_seed(0)  # (the sampler's shuffle draws from torch's RNG, as torch's does)
+        loader = DataLoader(ds, batch_size=16, collate_fn=detection_collate, device="cpu", num_workers=workers,
+                            shuffle=True, seed=11)
+        return [(images, targets) for images, targets in loader]
+
+    runs = [epoch(3), epoch(1), epoch(3)]
+    assert len(runs[0]) == -(-len(ds) // 16) >= 2
+    ids = [t["image_id"] for _, targets in runs[0] for t in targets]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == len(ds)
+    for other in runs[1:]:
+        for (images, targets), (images2, targets2) in zip(runs[0], other):
+            for a, b, ta, tb in zip(images, images2, targets, targets2):
+                assert torch.equal(a, b)
+                same_targets(ta, tb)
