@@ -352,7 +352,8 @@ class ProcessEpochFeed(EpochFeed):
     """One pass over the sampler whose samples are decoded in worker processes (video with PyAV, which
     holds the GIL for part of its work: on an H100 host 16 threads of one process decoded 21.8 clips/s
     of 360p, 16 processes 52-73). torch's own DataLoader machinery moves the frames through shared
-    memory and keeps the samples in sampler order."""
+    memory; the batches are fed in sampler order (a recorded joint transform's chunks come back in any
+    order: ``_next_batch``)."""
 
     def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list, seed: Optional[int] = None):
         self.batches = batches
