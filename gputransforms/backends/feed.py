@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.utils.data as tud
+from torch._utils import ExceptionWrapper
 
 from .. import files
 from ..datasets.adapters import FileSamples
@@ -185,11 +186,15 @@ class _Decoded(tud.Dataset):
         pairs) of one batch); (the chunk's place, one result per sample), its large parts in this worker's
         ring of shared memory where it has one."""
         epoch, seq, chunk = item
-        out = [self._one(i) for i in chunk]
-        if self.rings:
-            info = tud.get_worker_info()
-            if info is not None:
-                out = self.rings.stash(info.id, epoch, out)
+        info = tud.get_worker_info()
+        try:
+            out = [self._one(i) for i in chunk]
+        except Exception:  # noqa: BLE001 - in a worker: raised in the main thread when its batch is next, as
+            if info is None:  # torch's own worker loop wraps it (its chunk may come back before those ahead)
+                raise
+            return seq, ExceptionWrapper(where=f"in DataLoader worker process {info.id}")
+        if self.rings and info is not None:
+            out = self.rings.stash(info.id, epoch, out)
         return seq, out
 
     def _one(self, i):
@@ -440,7 +445,10 @@ class ProcessEpochFeed(EpochFeed):
         batch, start = flat.pulled.popleft(), flat.starts.popleft()
         items: list = []
         for k in range(flat.chunks(len(batch))):
-            items += waiting.pop(start + k)
+            chunk = waiting.pop(start + k)
+            if isinstance(chunk, ExceptionWrapper):  # the dataset's own error, at its batch (torch's reraise)
+                chunk.reraise()
+            items += chunk
         return batch, items
 
     def _from_rings(self, items: list) -> list:

@@ -95,8 +95,9 @@ class _TargetPickler(pickled.ArraysApart):
     authenticated connection to the worker per tensor (py-spy on the H100 host: 41% of a segmentation
     loader's main thread for one mask a sample). Integer tensors over ``NARROW`` bytes whose values fit
     in uint8 (a mask made int64 by ToDtype) travel as uint8 and are made their dtype again on the
-    device (``joint_masks.widened``). Every array travels C-ordered, so that it arrives so; the large ones
-    beside the pickle (``pickled``: in the main thread, one copy each into pinned memory)."""
+    device (``joint_masks.widened``). Every array travels C-ordered, so that it arrives so, and beside the
+    pickle (``apart``): on the GPU a batch's small targets go to the device in one copy (``pickled.load_to_device``),
+    a large one from the worker's ring where it was written (``backends.arena``)."""
 
     NARROW = 1 << 16
     apart = 0  # every array beside the pickle: a batch's go to the device in one copy (``pickled.load_to_device``)
@@ -323,7 +324,8 @@ class DetectionSamples(FileSamples):
     def items(self, images, indices, extras=None) -> list:
         if extras is not None:  # recorded: the targets came from the workers, the images from the graph
             # the targets (and the samples that ran as written) on the images' device together, before the
-            # collate_fn: one copy per dtype, and a collate_fn that pads or stacks masks does it there
+            # collate_fn: one copy (per dtype for what came through the rings), and a collate_fn that pads or
+            # stacks masks does it there
             dev = images[0].device if len(images) else torch.device("cpu")
             # (loaded as they arrived where a worker's piece came through its ring, backends/arena.py; those
             # through torch's pipe, small ones, are loaded here: on the GPU straight to the device, together)
