@@ -53,8 +53,7 @@ def finish(images, plan: Plan, device: torch.device, stages: list, *, raw: bool,
     it ended at the decoded images and left a joint step's pixels to ``joint_kernels`` (with the float map
     of the hand-off in the same pass)."""
     if rows is not None:
-        program = next(s.args["program"] for s in plan.steps if s.op == "joint")
-        images = joint_kernels.run(list(images), rows, program, plan.affine if raw else None)
+        images = joint_kernels.run(list(images), rows, plan.joint_program(), plan.affine if raw else None)
         raw = False
     if raw:
         images = to_float(images, plan)

@@ -55,6 +55,10 @@ class Plan:
         raw uint8 pixels (a quarter of the bytes in DALI's queue) and ``compiler.handoff`` maps them."""
         return device == "gpu" and self.compiled and self.affine is not None
 
+    def joint_program(self):
+        """The recorded joint transform's program of the plan's joint step (``compiler.joint``), or None."""
+        return next((s.args["program"] for s in self.steps if s.op == "joint"), None)
+
     @property
     def checkpointable(self) -> bool:
         """Whether DALI can checkpoint the graph's random state (its video decoder cannot)."""
@@ -89,7 +93,7 @@ class Plan:
             if s.note:
                 text += f"  [{s.note}]"
             lines.append(text)
-        joint = next((s.args["program"] for s in self.steps if s.op == "joint"), None)
+        joint = self.joint_program()
         if device == "gpu" and joint is not None and joint_kernels.takes(joint):
             lines.append("after the graph: the joint step's colour block, window and flips in CUDA kernels over the "
                          "batch (compiler.joint_kernels; the graph only decodes), each output pixel read from the "

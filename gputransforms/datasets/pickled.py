@@ -35,6 +35,11 @@ _ALIGN = 64
 _LENGTH = 8  # the pickle's length, before it
 
 
+def _arrays_at(n: int) -> int:
+    """Where the arrays start after a pickle of ``n`` bytes (its length before it, aligned for their views)."""
+    return -(-(_LENGTH + n) // _ALIGN) * _ALIGN
+
+
 class Pickled(bytes):
     """A sample's extra (``FileSamples.extras``) pickled in a worker process, its large arrays beside the
     pickle: the main thread loads it as it receives it (``load``), from the worker's shared memory where
@@ -66,7 +71,7 @@ class ArraysApart(pickle.Pickler):
         p = cls(buf)
         p.dump(obj)
         stream = buf.getbuffer()
-        start = -(-(_LENGTH + len(stream)) // _ALIGN) * _ALIGN
+        start = _arrays_at(len(stream))
         out = bytearray(start + p.size)
         out[:_LENGTH] = len(stream).to_bytes(_LENGTH, "little")
         out[_LENGTH:_LENGTH + len(stream)] = stream
@@ -103,8 +108,7 @@ def load(buf, pin=False):
     head = np.frombuffer(buf, np.uint8, count=_LENGTH)
     n = int.from_bytes(head.tobytes(), "little")
     stream = np.frombuffer(buf, np.uint8, count=n, offset=_LENGTH).tobytes()
-    start = -(-(_LENGTH + n) // _ALIGN) * _ALIGN
-    return _Loader(buf, start, stream, pin).load()
+    return _Loader(buf, _arrays_at(n), stream, pin).load()
 
 
 class _DeviceLoader(pickle.Unpickler):
@@ -135,7 +139,7 @@ def load_to_device(bufs: list, dev: torch.device) -> list:
     heads, total = [], 0
     for b in bufs:
         n = int.from_bytes(b[:_LENGTH], "little")
-        start = -(-(_LENGTH + n) // _ALIGN) * _ALIGN
+        start = _arrays_at(n)
         heads.append((n, start, total))
         total += len(b) - start  # (a multiple of _ALIGN: each array's place is padded to it)
     host = torch.empty(total, dtype=torch.uint8, pin_memory=dev.type == "cuda")
