@@ -414,6 +414,128 @@ def test_iou_crop_draws_while_recorded_are_torchvisions(kwargs):
     assert v2.RandomIoUCrop.make_params is theirs
 
 
+def _forward_chains() -> dict:
+    """The reference presets on every backend, and a chain of every other class with a ``forward`` entry."""
+    fill = {tv_tensors.Mask: 0, "others": (123.0, 117.0, 104.0)}
+    chains = {f"{aug}-{backend}": DetectionPresetTrain(data_augmentation=aug, backend=backend)
+              for aug in ("hflip", "multiscale", "ssd", "ssdlite") for backend in ("pil", "tensor", "tv_tensor")}
+    chains["others"] = v2.Compose([
+        v2.ToImage(), v2.ScaleJitter((640, 640)), v2.RandomCrop(500, pad_if_needed=True, fill=fill),
+        v2.RandomResize(300, 700), v2.Resize(400, max_size=600), v2.RandomShortestSize((350, 420)),
+        v2.CenterCrop(380), v2.Pad(4, fill=9), v2.RandomVerticalFlip(), v2.ClampBoundingBoxes(),
+        v2.ConvertBoundingBoxFormat("CXCYWH"), v2.ConvertImageDtype(torch.float32),
+        v2.Normalize((0.5, 0.4, 0.3), (0.2, 0.2, 0.2)), v2.SanitizeBoundingBoxes(min_size=3, min_area=10),
+        v2.ToPureTensor()])
+    chains["labels-getter"] = v2.Compose([v2.PILToTensor(), v2.RandomIoUCrop(), v2.SanitizeBoundingBoxes(
+        labels_getter=lambda inputs: (inputs[1]["labels"], inputs[1]["iscrowd"]))])
+    return chains
+
+
+@pytest.mark.parametrize("name", list(_forward_chains()))
+def test_forwards_while_recorded_are_torchvisions(name):
+    """The registry's faster forwards (used while recorded: the (image, target) pair without torch's pytree,
+    SanitizeBoundingBoxes' mask in NumPy) give torchvision's record, target and RNG state, sample by
+    sample from the same seeds: boxes of three formats, float32 and float64, empty, degenerate, outside
+    the canvas; labels, crowd flags and an image id beside them."""
+    from gputransforms.compiler import joint
+
+    chain = _forward_chains()[name]
+    kind = "image" if name.endswith("tv_tensor") or name == "others" else "pil" if "pil" in name else "tensor"
+    gen = torch.Generator().manual_seed(1)
+    cropped = 0
+    for case in range(150):
+        image, boxes = _random_boxes(gen, case)
+        if case % 11 == 0:
+            boxes = tv_tensors.wrap(boxes - 30, like=boxes)  # partly outside the canvas
+        if case % 4 == 1 and len(boxes) and boxes.format == tv_tensors.BoundingBoxFormat.XYXY:
+            # whole pixels, one box exactly 1 wide (SanitizeBoundingBoxes' min_size: kept) and one 0.5 high
+            boxes = tv_tensors.wrap(boxes.round(), like=boxes)
+            boxes[0, 2] = boxes[0, 0] + 1
+            boxes[-1, 3] = boxes[-1, 1] + 0.5
+        k = len(boxes)
+
+        def target():
+            return {"boxes": boxes.clone(), "labels": torch.arange(k), "iscrowd": torch.zeros(k, dtype=torch.int64),
+                    "image_id": case}
+
+        runs = []
+        for fast in (False, True):
+            joint.FAST_FORWARD[0] = fast
+            torch.manual_seed(case)
+            try:
+                runs.append((joint.record(chain, tuple(image.shape[-2:]), target(), kind), torch.get_rng_state()))
+            except Exception as e:  # noqa: BLE001 - both must raise the same
+                runs.append(((type(e), str(e)), None))
+            finally:
+                joint.FAST_FORWARD[0] = True
+        (theirs, theirs_rng), (ours, ours_rng) = runs
+        assert joint.same(ours, theirs), (name, case)
+        assert theirs_rng is None or torch.equal(ours_rng, theirs_rng), (name, case)
+        cropped += theirs_rng is not None and any(op == "crop" for op, _, _ in theirs[0])
+    if "ssd" in name or name in ("others", "labels-getter"):
+        assert cropped > 20
+
+
+def test_kernel_arguments_are_bound_as_inspect_binds_them():
+    """A recorded functional's arguments by name (``joint._bound``'s fast path) are what inspect's bind and
+    apply_defaults give, in the same order, and it raises TypeError where bind does, over every kernel
+    torchvision registers and random calls (too many, duplicated and unknown arguments included)."""
+    import inspect
+    import random
+
+    from torchvision.transforms.v2.functional import _utils as futils
+
+    from gputransforms.compiler import joint
+
+    rng = random.Random(0)
+    kernels = {getattr(r[c], "__wrapped__", r[c]) for r in futils._KERNEL_REGISTRY.values() for c in r}
+    checked = 0
+    for kernel in sorted(kernels, key=lambda k: k.__qualname__):
+        params = list(inspect.signature(kernel).parameters.values())[1:]
+        names = [p.name for p in params]
+        for _ in range(30):
+            args = tuple(object() for _ in range(rng.randint(0, len(params) + 1)))
+            kwargs = {n: object() for n in rng.sample(names + ["bogus"], rng.randint(0, min(3, len(names) + 1)))}
+            try:
+                b = inspect.signature(kernel).bind(None, *args, **kwargs)
+                b.apply_defaults()
+                want = dict(b.arguments)
+                want.pop(next(iter(want)))
+            except TypeError:
+                want = TypeError
+            try:
+                got = joint._bound(kernel, None, args, kwargs)
+            except TypeError:
+                got = TypeError
+            assert want == got and (want is TypeError or list(want) == list(got)), (kernel, args, kwargs)
+            checked += want is not TypeError
+    assert checked > 500  # (861 here)
+
+
+def test_a_jpegs_size_from_its_header_is_pils(photo_folder, tmp_path):
+    """The canvas size a recorded sample's target is made with, read from the JPEG's SOF marker, is the
+    size PIL's open reports; not a JPEG, or a size PIL's decompression-bomb check would warn of: None."""
+    from gputransforms import files
+
+    paths = sorted(Path(photo_folder).rglob("*.jpg"))[:20]
+    assert paths
+    for p in paths:
+        data = p.read_bytes()
+        with Image.open(p) as img:
+            assert files.jpeg_size(data) == (img.height, img.width)
+    Image.new("RGB", (30, 20)).save(tmp_path / "a.png")
+    assert files.jpeg_size((tmp_path / "a.png").read_bytes()) is None
+    Image.new("RGB", (30, 20)).save(tmp_path / "a.jpg")
+    data = (tmp_path / "a.jpg").read_bytes()
+    assert files.jpeg_size(data) == (20, 30)
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        Image.MAX_IMAGE_PIXELS = 599
+        assert files.jpeg_size(data) is None
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
 def _voc_segmentation(voc, transforms, indices=None):
     ds = torchvision.datasets.wrap_dataset_for_transforms_v2(
         torchvision.datasets.VOCSegmentation(str(voc), year="2012", image_set="train", transforms=transforms))

@@ -39,7 +39,7 @@ from torchvision.transforms.v2.functional import _utils as _futils
 
 from ..device import map_tensors
 from . import joint_masks
-from .registry import draws
+from .registry import draws, forwards
 
 #: the functionals the graph does: colour (in RandomPhotometricDistort's order), geometry, value tail
 COLOUR_SLOTS = ("adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_contrast",
@@ -70,6 +70,12 @@ def _pil_stand_in(size: tuple) -> PIL.Image.Image:
         setattr(img, "_" + field if isinstance(getattr(PIL.Image.Image, field, None), property) else field, value)
     img.gputransforms_stand_in = True
     return img
+
+
+def header_image(size: tuple) -> PIL.Image.Image:
+    """A PIL image of ``size`` (h, w) that holds no pixels: what the datasets' v2 wrappers read of a
+    sample's image (its size) when its target is made."""
+    return _pil_stand_in(size)
 
 
 def _is_pil_stand_in(x) -> bool:
@@ -119,7 +125,36 @@ def _signature(kernel) -> inspect.Signature:
     return inspect.signature(kernel)
 
 
+@functools.lru_cache(maxsize=None)
+def _parameters(kernel) -> Optional[tuple]:
+    """The names and defaults (``inspect.Parameter.empty`` where there is none) of ``kernel``'s
+    parameters after the image, where all of them may be passed by position or by name; else None."""
+    params = list(_signature(kernel).parameters.values())[1:]
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    return tuple((p.name, p.default) for p in params)
+
+
 def _bound(real, inpt, args, kwargs) -> dict:
+    """The kernel's arguments after the image by name, its defaults filled in (what ``inspect``'s
+    ``bind`` and ``apply_defaults`` give; they run, and raise as they do, for anything but a plain call)."""
+    params = _parameters(real)
+    if params is not None and len(args) <= len(params):
+        out = {}
+        for k, (name, default) in enumerate(params):
+            if k < len(args):
+                if name in kwargs:
+                    break
+                out[name] = args[k]
+            elif name in kwargs:
+                out[name] = kwargs[name]
+            elif default is not inspect.Parameter.empty:
+                out[name] = default
+            else:
+                break
+        else:
+            if all(name in out for name in kwargs):  # (else an argument it does not take)
+                return out
     b = _signature(real).bind(inpt, *args, **kwargs)
     b.apply_defaults()
     out = dict(b.arguments)
@@ -227,6 +262,31 @@ def _drawing(cls, original, faster):
     return make_params
 
 
+def _forwarding(cls, original, faster):
+    """``cls.forward`` while recording: the registry's exact faster form for ``cls`` itself in a thread
+    that records (whatever it is given: the form runs the class's own forward for any input it does not
+    take), the forward the class had for anything else (a subclass of the user's included)."""
+    fast = faster(original)
+
+    def forward(self, *inputs):
+        if type(self) is cls and getattr(_LOCAL, "record", None) is not None:
+            return fast(self, *inputs)
+        return original(self, *inputs)
+
+    return forward
+
+
+def _put_forward_back(cls, had: bool, key: str, original) -> None:
+    if had:
+        setattr(cls, key, original)
+    else:  # it was inherited
+        delattr(cls, key)
+
+
+#: whether ``recording`` swaps in the registry's faster forwards (off: torchvision's own, for tests)
+FAST_FORWARD = [True]
+
+
 def _swap_in() -> None:
     for functional, registry in list(_futils._KERNEL_REGISTRY.items()):
         if functional.__name__ in _QUERIES:
@@ -244,6 +304,9 @@ def _swap_in() -> None:
         if original is not None:
             _SAVED.append((functools.partial(setattr, cls), "make_params", original))
             cls.make_params = _drawing(cls, original, faster)
+    for cls, faster in forwards() if FAST_FORWARD[0] else ():
+        _SAVED.append((functools.partial(_put_forward_back, cls, "forward" in cls.__dict__), "forward", cls.forward))
+        cls.forward = _forwarding(cls, cls.forward, faster)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,9 @@ An ``Entry`` says, for one class:
 - ``joint``: it may take part in a joint transform compiled by recording (``joint``: it runs as written on
   a stand-in image and the real target, and the image functionals it calls are ones the joint graph does);
 - ``draw``: while recorded, its ``make_params`` is this exact, faster form of torchvision's own
-  (``joint_draws``: the same RNG calls, the same result).
+  (``joint_draws``: the same RNG calls, the same result);
+- ``forward``: while recorded, its ``forward`` is this exact, faster form of torchvision's own
+  (``joint_forward``: the same steps on an (image, target dict) pair without the pytree).
 
 A class is looked up by its exact type. A user's subclass gets its base's entry only where its
 behaviour is provably the base's (``chain.user_override``: it overrides none of forward, __call__,
@@ -30,7 +32,7 @@ import torchvision.transforms.functional as F1
 from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
-from . import batched, joint_draws, lowerings, vectorized
+from . import batched, joint_draws, joint_forward, lowerings, vectorized
 from .chain import NotLowerable, Op, overridden, user_override
 
 
@@ -42,6 +44,7 @@ class Entry:
     graph: Optional[str] = None
     joint: bool = False
     draw: Optional[Callable[[Callable], Callable]] = None
+    forward: Optional[Callable[[Callable], Callable]] = None
 
 
 REGISTRY: dict[type, Entry] = {}
@@ -188,7 +191,8 @@ register((tv1.Compose, tv2.Compose), batched=lambda t: batched.sequence(t.transf
 # --- joint transforms (image and tv_tensor targets), recorded: compiler/joint.py --------------------------
 def _allow_joint(classes: tuple) -> None:
     for cls in classes:
-        REGISTRY[cls] = dataclasses.replace(REGISTRY.get(cls, Entry()), joint=True)
+        REGISTRY[cls] = dataclasses.replace(REGISTRY.get(cls, Entry()), joint=True,
+                                            forward=joint_forward.form_of(cls))
 
 
 _allow_joint((tv2.ToImage, tv2.PILToTensor, tv2.RandomPhotometricDistort, tv2.RandomZoomOut, tv2.RandomIoUCrop,
@@ -204,6 +208,11 @@ REGISTRY[tv2.RandomIoUCrop] = dataclasses.replace(REGISTRY[tv2.RandomIoUCrop], d
 def draws() -> list:
     """(class, its ``draw``) for every class that has one (``joint.recording`` swaps them in)."""
     return [(cls, entry.draw) for cls, entry in REGISTRY.items() if entry.draw is not None]
+
+
+def forwards() -> list:
+    """(class, its ``forward``) for every class that has one (``joint.recording`` swaps them in)."""
+    return [(cls, entry.forward) for cls, entry in REGISTRY.items() if entry.forward is not None]
 
 
 def joint_ok(t) -> bool:

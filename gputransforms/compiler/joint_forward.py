@@ -1,0 +1,154 @@
+"""Exact, faster forms of torchvision's v2 ``forward``, for joint transforms while they are recorded
+(``compiler.joint``; the registry's ``forward`` entries).
+
+A sample being recorded is ``(image, target)``: the image a stand-in, the target a dict of tv_tensors,
+tensors and plain values (what the datasets' v2 wrappers and a user's detection Dataset return). For
+it, torchvision's ``Transform.forward`` flattens the pair with torch's pytree, asks each leaf's type, calls
+``make_params`` and ``transform`` and unflattens again; in a worker that records an ssd sample that
+bookkeeping, and SanitizeBoundingBoxes' indexing through tv_tensors' ``__torch_function__``, cost more
+than the draws and the box arithmetic. The forms here do the same steps on the same leaves in the same
+order (the class's own ``check_inputs``, ``_needs_transform_list``, ``make_params`` and ``transform``): the
+same RNG calls, the same record, the same target. Only the flattening of that one shape of input is
+written out, and SanitizeBoundingBoxes indexes plain tensors (the same values; it wraps the boxes again
+as torchvision does).
+
+They apply to a transform of the registry's class itself (``type(t) is cls``), only while it is recorded
+(``joint.recording``), only to that shape of input; anything else runs the class's own ``forward``.
+tests/test_detection.py checks records and targets against torchvision's forward over the reference
+presets and the other classes with an entry, on random samples with empty, degenerate and outside boxes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_is_leaf
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+
+
+def flat_pair(inputs: tuple) -> Optional[list]:
+    """``[image, *target.values()]``: what torch's pytree makes of ``(image, target)`` where the target is
+    a plain dict of leaves (tensors, numbers, strings, None); None for any other shape of input."""
+    if len(inputs) != 2 or type(inputs[1]) is not dict:
+        return None
+    values = list(inputs[1].values())
+    if not tree_is_leaf(inputs[0]) or not all(tree_is_leaf(v) for v in values):
+        return None
+    return [inputs[0], *values]
+
+
+def _pair(inputs: tuple, outputs: list) -> tuple:
+    return outputs[0], dict(zip(inputs[1].keys(), outputs[1:]))
+
+
+def transform(original: Callable) -> Callable:
+    """``Transform.forward`` (torchvision 0.26-0.29) on a flat pair."""
+
+    def forward(self, *inputs: Any) -> Any:
+        flat = flat_pair(inputs)
+        if flat is None:
+            return original(self, *inputs)
+        self.check_inputs(flat)
+        needs = self._needs_transform_list(flat)
+        params = self.make_params([x for x, n in zip(flat, needs) if n])
+        return _pair(inputs, [self.transform(x, params) if n else x for x, n in zip(flat, needs)])
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def random_apply(original: Callable) -> Callable:
+    """``_RandomApplyTransform.forward`` (the flips): the check, then the draw, and the pair itself back
+    where the draw says no (torchvision returns its inputs as they are)."""
+
+    def forward(self, *inputs: Any) -> Any:
+        flat = flat_pair(inputs)
+        if flat is None:
+            return original(self, *inputs)
+        self.check_inputs(flat)
+        if torch.rand(1) >= self.p:
+            return inputs
+        needs = self._needs_transform_list(flat)
+        params = self.make_params([x for x, n in zip(flat, needs) if n])
+        return _pair(inputs, [self.transform(x, params) if n else x for x, n in zip(flat, needs)])
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def sanitize_bounding_boxes(original: Callable) -> Callable:
+    """``SanitizeBoundingBoxes.forward``: its labels getter and checks, then the validity mask computed by
+    torchvision's own function on the boxes as a plain tensor, and the boxes and labels indexed as plain
+    tensors (the boxes wrapped again like the input, as its ``transform`` does); anything else (masks)
+    through its ``transform``. Rotated boxes run its own forward."""
+
+    def forward(self, *inputs: Any) -> Any:
+        flat = flat_pair(inputs)
+        if flat is None:
+            return original(self, *inputs)
+        boxes = next((x for x in flat if isinstance(x, tv_tensors.BoundingBoxes)), None)
+        if boxes is None or boxes.ndim != 2 or _rotated(boxes.format):
+            return original(self, *inputs)
+        labels = self._labels_getter(inputs)
+        if labels is not None:
+            if isinstance(labels, torch.Tensor):
+                labels = (labels,)
+            elif not (isinstance(labels, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in labels)):
+                return original(self, *inputs)  # its ValueError, as it words it
+            if any(boxes.shape[0] != label.shape[0] for label in labels):
+                return original(self, *inputs)
+        valid = sanitize_mask(boxes.as_subclass(torch.Tensor), boxes.format, boxes.canvas_size, self.min_size,
+                              self.min_area)
+        params = dict(valid=valid, labels=labels)
+        out = []
+        for x in flat:
+            is_label = labels is not None and any(x is label for label in labels)
+            if is_label or type(x) is tv_tensors.BoundingBoxes:
+                try:
+                    y = x.as_subclass(torch.Tensor)[valid]
+                except IndexError:  # (its transform passes such an input through)
+                    out.append(x)
+                    continue
+                out.append(y if is_label else tv_tensors.wrap(y, like=x))
+            else:
+                out.append(self.transform(x, params))
+        return _pair(inputs, out)
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def sanitize_mask(boxes: torch.Tensor, fmt, canvas_size: tuple, min_size: float, min_area: float) -> torch.Tensor:
+    """torchvision's ``_get_sanitize_bounding_boxes_mask``: for float32 XYXY boxes on the CPU (what the
+    references' presets sanitize) the same comparisons with NumPy in float32, as torch makes them (a
+    Python number against a float32 tensor is compared in float32); any other boxes by its own function."""
+    if fmt != tv_tensors.BoundingBoxFormat.XYXY or boxes.dtype != torch.float32 or boxes.device.type != "cpu":
+        return F._misc._get_sanitize_bounding_boxes_mask(boxes, format=fmt, canvas_size=canvas_size,
+                                                         min_size=min_size, min_area=min_area)
+    b = boxes.numpy()
+    f32 = np.float32
+    ws, hs = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
+    valid = (ws >= f32(min_size)) & (hs >= f32(min_size)) & (b >= f32(0)).all(axis=-1) & (ws * hs >= f32(min_area))
+    image_h, image_w = canvas_size
+    valid &= (b[:, 0] <= f32(image_w)) & (b[:, 2] <= f32(image_w))
+    valid &= (b[:, 1] <= f32(image_h)) & (b[:, 3] <= f32(image_h))
+    return torch.from_numpy(valid)
+
+
+def form_of(cls: type) -> Optional[Callable[[Callable], Callable]]:
+    """The faster form of ``cls.forward`` (the registry's ``forward`` entry), by the forward the class
+    runs: torchvision's ``Transform.forward``, ``_RandomApplyTransform.forward`` or SanitizeBoundingBoxes';
+    None for any other (Compose's own loop, say)."""
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import _transform
+
+    forms = {_transform.Transform.forward: transform, _transform._RandomApplyTransform.forward: random_apply,
+             v2.SanitizeBoundingBoxes.forward: sanitize_bounding_boxes}
+    return forms.get(cls.forward)
+
+
+def _rotated(fmt) -> bool:
+    is_rotated = getattr(tv_tensors, "is_rotated_bounding_format", None)
+    return bool(is_rotated(fmt)) if is_rotated is not None else False
