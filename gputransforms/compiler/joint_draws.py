@@ -108,36 +108,34 @@ class _Boxes:
     def __init__(self, xyxy: np.ndarray):
         self.xyxy, self.real = xyxy, xyxy.dtype.type
         half = self.real(0.5)
-        self.cx = half * (xyxy[:, 0] + xyxy[:, 2])
-        self.cy = half * (xyxy[:, 1] + xyxy[:, 3])
-        self.area = (xyxy[:, 2] - xyxy[:, 0]) * (xyxy[:, 3] - xyxy[:, 1])
+        self.x1, self.y1, self.x2, self.y2 = (np.ascontiguousarray(xyxy[:, k]) for k in range(4))
+        self.cx = half * (self.x1 + self.x2)
+        self.cy = half * (self.y1 + self.y2)
+        self.area = (self.x2 - self.x1) * (self.y2 - self.y1)
 
     def within(self, left, top, right, bottom) -> np.ndarray:
-        """Boxes whose centres are inside each crop: (crops, boxes), or (boxes,) for one crop."""
+        """Boxes whose centres are inside the crop (scalars): (boxes,)."""
         real = self.real
-        if np.ndim(left):
-            left, top, right, bottom = (np.asarray(v).astype(real)[:, None] for v in (left, top, right, bottom))
-        else:
-            left, top, right, bottom = real(left), real(top), real(right), real(bottom)
-        return (left < self.cx) & (self.cx < right) & (top < self.cy) & (self.cy < bottom)
+        return (real(left) < self.cx) & (self.cx < real(right)) & (real(top) < self.cy) & (self.cy < real(bottom))
 
     def first_accepted(self, left, top, right, bottom, min_jaccard_overlap):
         """The first crop (of arrays of crops) that holds a box centre and whose best IoU with those boxes
         is not below ``min_jaccard_overlap`` (torchvision's ``ious.max() < min_jaccard_overlap``), or None."""
         if not len(self.xyxy):
             return None
-        within = self.within(left, top, right, bottom)
         real = self.real
-        l, t, r, b = (np.asarray(v).astype(real)[:, None] for v in (left, top, right, bottom))
-        x = self.xyxy
+        l, t, r, b = (v.astype(real)[:, None] for v in (left, top, right, bottom))
+        within = (l < self.cx) & (self.cx < r) & (t < self.cy) & (self.cy < b)
+        holds = within.any(axis=1)
+        if not holds.any():
+            return None
         area2 = (r - l) * (b - t)
-        w = np.minimum(x[:, 2], r) - np.maximum(x[:, 0], l)
-        h = np.minimum(x[:, 3], b) - np.maximum(x[:, 1], t)
+        w = np.minimum(self.x2, r) - np.maximum(self.x1, l)
+        h = np.minimum(self.y2, b) - np.maximum(self.y1, t)
         zero = real(0)
         inter = np.maximum(w, zero) * np.maximum(h, zero)
         with np.errstate(divide="ignore", invalid="ignore"):
             iou = inter / (self.area + area2 - inter)
         best = np.where(within, iou, real(-np.inf)).max(axis=1)
-        accepted = within.any(axis=1) & ~(best < real(min_jaccard_overlap))
-        hits = np.flatnonzero(accepted)
+        hits = np.flatnonzero(holds & ~(best < real(min_jaccard_overlap)))
         return int(hits[0]) if len(hits) else None

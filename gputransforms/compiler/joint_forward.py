@@ -26,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_is_leaf
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2._utils import is_pure_tensor
 
 
 def flat_pair(inputs: tuple) -> Optional[list]:
@@ -37,6 +38,24 @@ def flat_pair(inputs: tuple) -> Optional[list]:
     if not tree_is_leaf(inputs[0]) or not all(tree_is_leaf(v) for v in values):
         return None
     return [inputs[0], *values]
+
+
+_NEEDS: dict = {}
+
+
+def _needs(self, flat: list) -> list:
+    """``self._needs_transform_list(flat)``, kept per its transformed types and the inputs' types where
+    those decide it alone (its own method, types and torchvision's ``is_pure_tensor``: isinstance checks)."""
+    types = self._transformed_types
+    if type(types) is not tuple or not all(isinstance(t, type) or t is is_pure_tensor for t in types):
+        return self._needs_transform_list(flat)
+    key = (types, tuple(map(type, flat)))
+    hit = _NEEDS.get(key)
+    if hit is None:
+        if len(_NEEDS) > 4096:
+            _NEEDS.clear()
+        hit = _NEEDS[key] = tuple(self._needs_transform_list(flat))
+    return hit
 
 
 def _pair(inputs: tuple, outputs: list) -> tuple:
@@ -51,7 +70,7 @@ def transform(original: Callable) -> Callable:
         if flat is None:
             return original(self, *inputs)
         self.check_inputs(flat)
-        needs = self._needs_transform_list(flat)
+        needs = _needs(self, flat)
         params = self.make_params([x for x, n in zip(flat, needs) if n])
         return _pair(inputs, [self.transform(x, params) if n else x for x, n in zip(flat, needs)])
 
@@ -70,7 +89,7 @@ def random_apply(original: Callable) -> Callable:
         self.check_inputs(flat)
         if torch.rand(1) >= self.p:
             return inputs
-        needs = self._needs_transform_list(flat)
+        needs = _needs(self, flat)
         params = self.make_params([x for x, n in zip(flat, needs) if n])
         return _pair(inputs, [self.transform(x, params) if n else x for x, n in zip(flat, needs)])
 
