@@ -428,6 +428,9 @@ def _forward_chains() -> dict:
         v2.ToPureTensor()])
     chains["labels-getter"] = v2.Compose([v2.PILToTensor(), v2.RandomIoUCrop(), v2.SanitizeBoundingBoxes(
         labels_getter=lambda inputs: (inputs[1]["labels"], inputs[1]["iscrowd"]))])
+    for backend in ("pil", "tv_tensor"):  # a mask for target (its own PadIfSmaller runs as written)
+        chains[f"seg-{backend}"] = SegmentationPresetTrain(base_size=120, crop_size=100, backend=backend)
+        chains[f"seg-{backend}-lazy"] = chains[f"seg-{backend}"]
     return chains
 
 
@@ -436,11 +439,12 @@ def test_forwards_while_recorded_are_torchvisions(name):
     """The registry's faster forwards (used while recorded: the (image, target) pair without torch's pytree,
     SanitizeBoundingBoxes' mask in NumPy) give torchvision's record, target and RNG state, sample by
     sample from the same seeds: boxes of three formats, float32 and float64, empty, degenerate, outside
-    the canvas; labels, crowd flags and an image id beside them."""
+    the canvas; labels, crowd flags and an image id beside them; the segmentation preset's mask, moved by
+    torchvision's kernels or recorded (``lazy_masks``)."""
     from gputransforms.compiler import joint
 
     chain = _forward_chains()[name]
-    kind = "image" if name.endswith("tv_tensor") or name == "others" else "pil" if "pil" in name else "tensor"
+    kind = "image" if "tv_tensor" in name or name == "others" else "pil" if "pil" in name else "tensor"
     gen = torch.Generator().manual_seed(1)
     cropped = 0
     for case in range(150):
@@ -455,6 +459,9 @@ def test_forwards_while_recorded_are_torchvisions(name):
         k = len(boxes)
 
         def target():
+            if name.startswith("seg"):
+                return tv_tensors.Mask(torch.randint(0, 21, tuple(image.shape[-2:]), dtype=torch.uint8,
+                                                     generator=torch.Generator().manual_seed(case)))
             return {"boxes": boxes.clone(), "labels": torch.arange(k), "iscrowd": torch.zeros(k, dtype=torch.int64),
                     "image_id": case}
 
@@ -463,7 +470,8 @@ def test_forwards_while_recorded_are_torchvisions(name):
             joint.FAST_FORWARD[0] = fast
             torch.manual_seed(case)
             try:
-                runs.append((joint.record(chain, tuple(image.shape[-2:]), target(), kind), torch.get_rng_state()))
+                runs.append((joint.record(chain, tuple(image.shape[-2:]), target(), kind,
+                                          lazy_masks=name.endswith("lazy")), torch.get_rng_state()))
             except Exception as e:  # noqa: BLE001 - both must raise the same
                 runs.append(((type(e), str(e)), None))
             finally:
@@ -472,7 +480,7 @@ def test_forwards_while_recorded_are_torchvisions(name):
         assert joint.same(ours, theirs), (name, case)
         assert theirs_rng is None or torch.equal(ours_rng, theirs_rng), (name, case)
         cropped += theirs_rng is not None and any(op == "crop" for op, _, _ in theirs[0])
-    if "ssd" in name or name in ("others", "labels-getter"):
+    if "ssd" in name or name.startswith("seg") or name in ("others", "labels-getter"):
         assert cropped > 20
 
 

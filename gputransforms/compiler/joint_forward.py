@@ -30,14 +30,23 @@ from torchvision.transforms.v2._utils import is_pure_tensor
 
 
 def flat_pair(inputs: tuple) -> Optional[list]:
-    """``[image, *target.values()]``: what torch's pytree makes of ``(image, target)`` where the target is
-    a plain dict of leaves (tensors, numbers, strings, None); None for any other shape of input."""
-    if len(inputs) != 2 or type(inputs[1]) is not dict:
+    """``[image, *target.values()]``, or ``[image, target]``: what torch's pytree makes of ``(image, target)``
+    where the target is a plain dict of leaves (tensors, numbers, strings, None) or one leaf (a segmentation
+    mask); None for any other shape of input."""
+    if len(inputs) != 2 or not tree_is_leaf(inputs[0]):
         return None
-    values = list(inputs[1].values())
-    if not tree_is_leaf(inputs[0]) or not all(tree_is_leaf(v) for v in values):
-        return None
-    return [inputs[0], *values]
+    target = inputs[1]
+    if type(target) is dict:
+        values = list(target.values())
+        return [inputs[0], *values] if all(tree_is_leaf(v) for v in values) else None
+    return [inputs[0], target] if tree_is_leaf(target) else None
+
+
+def _pair(inputs: tuple, outputs: list) -> tuple:
+    """The pair ``flat_pair`` flattened, rebuilt around ``outputs`` (as torch's pytree rebuilds it)."""
+    if type(inputs[1]) is dict:
+        return outputs[0], dict(zip(inputs[1].keys(), outputs[1:]))
+    return outputs[0], outputs[1]
 
 
 _NEEDS: dict = {}
@@ -56,10 +65,6 @@ def _needs(self, flat: list) -> list:
             _NEEDS.clear()
         hit = _NEEDS[key] = tuple(self._needs_transform_list(flat))
     return hit
-
-
-def _pair(inputs: tuple, outputs: list) -> tuple:
-    return outputs[0], dict(zip(inputs[1].keys(), outputs[1:]))
 
 
 def transform(original: Callable) -> Callable:
