@@ -9,13 +9,15 @@ bookkeeping, and SanitizeBoundingBoxes' indexing through tv_tensors' ``__torch_f
 than the draws and the box arithmetic. The forms here do the same steps on the same leaves in the same
 order (the class's own ``check_inputs``, ``_needs_transform_list``, ``make_params`` and ``transform``): the
 same RNG calls, the same record, the same target. Only the flattening of that one shape of input is
-written out, and SanitizeBoundingBoxes indexes plain tensors (the same values; it wraps the boxes again
-as torchvision does).
+written out (and a transform's needs-transform list kept per the types that decide it), and
+SanitizeBoundingBoxes computes its mask in NumPy and indexes plain tensors (the same values; it wraps the
+boxes again as torchvision does).
 
 They apply to a transform of the registry's class itself (``type(t) is cls``), only while it is recorded
 (``joint.recording``), only to that shape of input; anything else runs the class's own ``forward``.
-tests/test_detection.py checks records and targets against torchvision's forward over the reference
-presets and the other classes with an entry, on random samples with empty, degenerate and outside boxes.
+tests/test_detection.py checks records, targets and the RNG state against torchvision's forward over the
+reference presets, the other classes with an entry and the segmentation preset, on random samples with
+empty, degenerate, outside and whole-pixel boxes (on torchvision 0.29 and 0.26).
 """
 from __future__ import annotations
 
@@ -67,6 +69,14 @@ def _needs(self, flat: list) -> list:
     return hit
 
 
+def _apply(self, inputs: tuple, flat: list) -> tuple:
+    """What ``Transform.forward`` does after ``check_inputs`` (and a random-apply transform after its draw):
+    the parameters from the inputs it transforms, then each of those transformed, the pair rebuilt."""
+    needs = _needs(self, flat)
+    params = self.make_params([x for x, n in zip(flat, needs) if n])
+    return _pair(inputs, [self.transform(x, params) if n else x for x, n in zip(flat, needs)])
+
+
 def transform(original: Callable) -> Callable:
     """``Transform.forward`` (torchvision 0.26-0.29) on a flat pair."""
 
@@ -75,17 +85,15 @@ def transform(original: Callable) -> Callable:
         if flat is None:
             return original(self, *inputs)
         self.check_inputs(flat)
-        needs = _needs(self, flat)
-        params = self.make_params([x for x, n in zip(flat, needs) if n])
-        return _pair(inputs, [self.transform(x, params) if n else x for x, n in zip(flat, needs)])
+        return _apply(self, inputs, flat)
 
     forward.__wrapped__ = original
     return forward
 
 
 def random_apply(original: Callable) -> Callable:
-    """``_RandomApplyTransform.forward`` (the flips): the check, then the draw, and the pair itself back
-    where the draw says no (torchvision returns its inputs as they are)."""
+    """``_RandomApplyTransform.forward`` (the flips, RandomZoomOut): the check, then the draw, and the pair
+    itself back where the draw says no (torchvision returns its inputs as they are)."""
 
     def forward(self, *inputs: Any) -> Any:
         flat = flat_pair(inputs)
@@ -94,19 +102,17 @@ def random_apply(original: Callable) -> Callable:
         self.check_inputs(flat)
         if torch.rand(1) >= self.p:
             return inputs
-        needs = _needs(self, flat)
-        params = self.make_params([x for x, n in zip(flat, needs) if n])
-        return _pair(inputs, [self.transform(x, params) if n else x for x, n in zip(flat, needs)])
+        return _apply(self, inputs, flat)
 
     forward.__wrapped__ = original
     return forward
 
 
 def sanitize_bounding_boxes(original: Callable) -> Callable:
-    """``SanitizeBoundingBoxes.forward``: its labels getter and checks, then the validity mask computed by
-    torchvision's own function on the boxes as a plain tensor, and the boxes and labels indexed as plain
-    tensors (the boxes wrapped again like the input, as its ``transform`` does); anything else (masks)
-    through its ``transform``. Rotated boxes run its own forward."""
+    """``SanitizeBoundingBoxes.forward``: its labels getter and checks, then the validity mask
+    (``sanitize_mask``) on the boxes as a plain tensor, and the boxes and labels indexed as plain tensors
+    (the boxes wrapped again like the input, as its ``transform`` does); anything else (masks) through its
+    ``transform``. Rotated boxes, labels it would refuse and counts that differ run its own forward."""
 
     def forward(self, *inputs: Any) -> Any:
         flat = flat_pair(inputs)
