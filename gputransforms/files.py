@@ -141,19 +141,6 @@ def sniff(data: bytes) -> str:
     return "other"
 
 
-def jpeg_size(data: bytes) -> Optional[tuple[int, int]]:
-    """(height, width) of a JPEG as PIL's ``open`` reports it (from its first SOF marker), where that
-    open would neither warn nor raise for its size (PIL's decompression-bomb check); else None."""
-    if data[:3] != b"\xff\xd8\xff":
-        return None
-    header = jpeg_header(data)
-    if header is None or not header[0] or not header[1]:
-        return None
-    w, h, _ = header
-    limit = Image.MAX_IMAGE_PIXELS
-    return (h, w) if limit is None or w * h <= limit else None
-
-
 def pil_open(data: bytes, index: int, path: str) -> Image.Image:
     try:
         img = Image.open(io.BytesIO(data))  # runs PIL's decompression-bomb check on the header

@@ -520,28 +520,30 @@ def test_kernel_arguments_are_bound_as_inspect_binds_them():
     assert checked > 500  # (861 here)
 
 
-def test_a_jpegs_size_from_its_header_is_pils(photo_folder, tmp_path):
-    """The canvas size a recorded sample's target is made with, read from the JPEG's SOF marker, is the
-    size PIL's open reports; not a JPEG, or a size PIL's decompression-bomb check would warn of: None."""
-    from gputransforms import files
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_jpeg_whose_header_pil_cannot_read_raises_naming_it(coco, tmp_path, workers):
+    """A recorded sample's image whose header PIL refuses (an unknown marker where its first segment was; the
+    frame header after it is intact, and DALI's decoders may well read it) raises naming the file, where
+    torchvision's dataset raises PIL's error: its canvas size is asked of PIL, not read from the SOF marker."""
+    import re
+    import shutil
 
-    paths = sorted(Path(photo_folder).rglob("*.jpg"))[:20]
-    assert paths
-    for p in paths:
-        data = p.read_bytes()
-        with Image.open(p) as img:
-            assert files.jpeg_size(data) == (img.height, img.width)
-    Image.new("RGB", (30, 20)).save(tmp_path / "a.png")
-    assert files.jpeg_size((tmp_path / "a.png").read_bytes()) is None
-    Image.new("RGB", (30, 20)).save(tmp_path / "a.jpg")
-    data = (tmp_path / "a.jpg").read_bytes()
-    assert files.jpeg_size(data) == (20, 30)
-    limit = Image.MAX_IMAGE_PIXELS
-    try:
-        Image.MAX_IMAGE_PIXELS = 599
-        assert files.jpeg_size(data) is None
-    finally:
-        Image.MAX_IMAGE_PIXELS = limit
+    from gputransforms import BadSampleError
+
+    images = tmp_path / "images"
+    shutil.copytree(coco[0], images)
+    ds = wrapped((images, coco[1]), DetectionPresetTrain(data_augmentation="hflip"), keys=["boxes", "labels"])
+    bad = images / ds.dataset.coco.loadImgs(ds.dataset.ids[ds.indices[3]])[0]["file_name"]
+    data = bytearray(bad.read_bytes())
+    assert data[2] == 0xFF and data[3] != 0x02
+    data[3] = 0x02  # not a marker PIL knows ("no marker found")
+    bad.write_bytes(bytes(data))
+    with pytest.raises(Exception):
+        Image.open(bad)
+    with pytest.raises(Exception):
+        list(tud.DataLoader(ds, batch_size=4, collate_fn=detection_collate))
+    with pytest.raises(BadSampleError, match=re.escape(str(bad))):
+        list(DataLoader(ds, batch_size=4, collate_fn=detection_collate, device="cpu", num_workers=workers))
 
 
 def _voc_segmentation(voc, transforms, indices=None):

@@ -72,12 +72,6 @@ def _pil_stand_in(size: tuple) -> PIL.Image.Image:
     return img
 
 
-def header_image(size: tuple) -> PIL.Image.Image:
-    """A PIL image of ``size`` (h, w) that holds no pixels: what the datasets' v2 wrappers read of a
-    sample's image (its size) when its target is made."""
-    return _pil_stand_in(size)
-
-
 def _is_pil_stand_in(x) -> bool:
     return isinstance(x, PIL.Image.Image) and getattr(x, "gputransforms_stand_in", False)
 

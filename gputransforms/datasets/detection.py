@@ -268,9 +268,9 @@ class DetectionSamples(FileSamples):
             path = paths[i]
             data = files.read_sample(i, path)
             encoded = files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
-            # the canvas size the wrapper asks of the image: a JPEG's from its SOF marker, else PIL's header
-            hw = files.jpeg_size(data)
-            img = recorded.header_image(hw) if hw is not None else files.pil_open(data, i, path)
+            # the header: the canvas size the wrapper asks of the image (and PIL's verdict on it: a file it
+            # cannot open is named here, where torchvision's dataset raises; a JPEG's SOF marker alone is not)
+            img = files.pil_open(data, i, path)
             k = targets[i]
             size = (img.height, img.width)
             state = torch.get_rng_state()
