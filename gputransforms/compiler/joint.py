@@ -281,6 +281,18 @@ def _put_forward_back(cls, had: bool, key: str, original) -> None:
 FAST_FORWARD = [True]
 
 
+#: the wrappers ``_swap_in`` installs, made once per (what it wraps): with no workers the swap is made per
+#: sample, and making ~500 closures each time cost as much as installing them
+_WRAPPERS: dict = {}
+
+
+def _wrapper(key: tuple, make):
+    w = _WRAPPERS.get(key)
+    if w is None:
+        w = _WRAPPERS[key] = make()
+    return w
+
+
 def _swap_in() -> None:
     for functional, registry in list(_futils._KERNEL_REGISTRY.items()):
         if functional.__name__ in _QUERIES:
@@ -289,18 +301,20 @@ def _swap_in() -> None:
             real = registry.get(cls)
             if real is not None:
                 _SAVED.append((registry.__setitem__, cls, real))
-                registry[cls] = _recording_kernel(functional, real)
+                registry[cls] = _wrapper(("kernel", functional, real), lambda: _recording_kernel(functional, real))
     for name, like in (("to_image", _LIKE["image"]), ("pil_to_tensor", _LIKE["tensor"])):
-        _SAVED.append((functools.partial(setattr, F), name, getattr(F, name)))
-        setattr(F, name, _converting(getattr(F, name), like))
+        original = getattr(F, name)
+        _SAVED.append((functools.partial(setattr, F), name, original))
+        setattr(F, name, _wrapper(("convert", name, original), lambda: _converting(original, like)))
     for cls, faster in draws():
         original = cls.__dict__.get("make_params")
         if original is not None:
             _SAVED.append((functools.partial(setattr, cls), "make_params", original))
-            cls.make_params = _drawing(cls, original, faster)
+            cls.make_params = _wrapper(("draw", cls, original), lambda: _drawing(cls, original, faster))
     for cls, faster in forwards() if FAST_FORWARD[0] else ():
-        _SAVED.append((functools.partial(_put_forward_back, cls, "forward" in cls.__dict__), "forward", cls.forward))
-        cls.forward = _forwarding(cls, cls.forward, faster)
+        original = cls.forward
+        _SAVED.append((functools.partial(_put_forward_back, cls, "forward" in cls.__dict__), "forward", original))
+        cls.forward = _wrapper(("forward", cls, original), lambda: _forwarding(cls, original, faster))
 
 
 @contextlib.contextmanager
