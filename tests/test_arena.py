@@ -307,3 +307,22 @@ def test_chunks_returned_out_of_order_make_the_batches_in_order():
     assert not ep.waiting and not flat.pulled and not flat.starts
     # the loader of chunks lets them come back out of order only where it can (torch 2.6 on)
     assert "in_order" in feed._LOADER_ARGS
+
+
+def test_a_samples_seed_gives_the_draws_torch_manual_seed_gives():
+    """_Decoded._one: a sample handed out with a seed of its own (``_Flat.seed``) draws what it draws after
+    ``torch.manual_seed(seed)``, whatever the generator held before (the worker seeds the CPU generator alone,
+    which is all a forked worker draws from)."""
+    from gputransforms.backends import feed
+
+    def draws():
+        return torch.rand(4), torch.randint(0, 1 << 20, (3,)), torch.empty(2).normal_()
+
+    decoded = feed._Decoded(lambda i: ((), draws()), extras=True)
+    for k, seed in enumerate([0, 1, 7, 2 ** 62 + 5]):
+        torch.manual_seed(1000 + k)  # (a state the sample's seed must replace)
+        i, inputs, err, got = decoded._one((5, seed))
+        assert (i, inputs, err) == (5, (), None)
+        torch.manual_seed(seed)
+        want = draws()
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), seed
