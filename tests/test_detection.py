@@ -1121,12 +1121,15 @@ def test_a_joint_graph_asks_for_dalis_operator_concurrency_where_dali_has_it(mon
     assert lowering._concurrency(joint) == {}
 
 
-def test_workers_chunks_in_any_order_give_the_same_epoch(coco):
+def test_workers_chunks_in_any_order_give_the_same_epoch(coco, monkeypatch):
     """With workers each sample draws from a seed of its own and the workers' chunks come back as they are
     done (feed.ProcessDecoders): three workers, one worker and a second run of three give the same batches,
     sample by sample, for a random preset (ssd), batches of two chunks each."""
     from presets import DetectionPresetTrain
 
+    from gputransforms.backends import feed
+
+    monkeypatch.setattr(feed.ProcessDecoders, "CHUNK", 8)  # (batches of 16: two chunks each)
     ds = wrapped(coco, DetectionPresetTrain(data_augmentation="ssd"), keys=["boxes", "labels", "image_id"])
 
     def epoch(workers: int) -> list:
@@ -1144,3 +1147,39 @@ def test_workers_chunks_in_any_order_give_the_same_epoch(coco):
             for a, b, ta, tb in zip(images, images2, targets, targets2):
                 assert torch.equal(a, b)
                 same_targets(ta, tb)
+
+
+def test_a_sample_whose_target_has_masks_travels_in_smaller_worker_items(coco, voc, monkeypatch):
+    """feed.ProcessDecoders: a recorded sample's worker item holds ``CHUNK`` samples (at most a batch), and
+    ``CHUNK_LARGE`` where the target has masks (COCO's instance masks, VOCSegmentation's), whose pieces go
+    through the worker's ring of shared memory; the batches are those of items of one sample each."""
+    from presets import DetectionPresetTrain
+
+    from gputransforms.backends import feed
+
+    chain = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)])
+    cases = [(wrapped(coco, DetectionPresetTrain(data_augmentation="hflip"), keys=["boxes", "labels", "image_id"]),
+              detection_collate, 40, feed.ProcessDecoders.CHUNK),
+             (wrapped(coco, chain, keys=["boxes", "labels", "masks", "image_id"]), detection_collate, 40,
+              feed.ProcessDecoders.CHUNK_LARGE),
+             (_voc_segmentation(voc, chain), detection_collate, 40, feed.ProcessDecoders.CHUNK_LARGE),
+             (_voc_segmentation(voc, chain), detection_collate, 5, 5)]
+    assert feed.ProcessDecoders.CHUNK_LARGE < feed.ProcessDecoders.CHUNK
+    for ds, collate, batch_size, chunk in cases:
+        loader = DataLoader(ds, batch_size=batch_size, collate_fn=collate, device="cpu", num_workers=1, seed=3)
+        it = iter(loader)
+        first = next(it)
+        assert min(it.slot.decoders.flat.chunk, batch_size) == chunk
+        flat = feed._Flat(it.slot.decoders.flat.chunk)
+        flat.batches = iter([list(range(batch_size))])
+        assert max(len(c[2]) for c in flat) == chunk  # (a chunk never spans two batches)
+        del it
+        # the same first batch from items of one sample each
+        with monkeypatch.context() as m:
+            m.setattr(feed.ProcessDecoders, "CHUNK", 1)
+            m.setattr(feed.ProcessDecoders, "CHUNK_LARGE", 1)
+            again = next(iter(DataLoader(ds, batch_size=batch_size, collate_fn=collate, device="cpu", num_workers=1,
+                                         seed=3)))
+        assert all(torch.equal(a, b) for a, b in zip(first[0], again[0]))
+        for a, b in zip(first[1], again[1]):
+            same_targets(a, b) if isinstance(a, dict) else torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -283,15 +283,21 @@ class ProcessDecoders:
     start-up per epoch). One per pipeline slot, so each live iterator has its own."""
 
     #: samples per item from a worker where samples are small (an encoded file, a row, a target: a recorded
-    #: joint transform): torch's loader costs its main thread about 0.1 ms per item (its profiler hooks,
-    #: queues, index hand-out; py-spy on the H100 host, 12% of the detection loader's main thread), so items
-    #: of 8 cost it an eighth. Decoded clips travel one per item (their own shared memory each).
-    CHUNK = 8
+    #: joint transform). Each item costs torch's loader about 0.1 ms of its main thread (its profiler hooks,
+    #: queues, index hand-out; py-spy on the H100 host, 12% of the detection loader's main thread at one sample
+    #: an item) and its worker a hand-over; items of 32 (at most a batch: a chunk never spans two) against
+    #: 8 measured lsj-v2 9% and ssd 19% faster on H100s (benchmarks/results/stop21-what-bounds-detection.txt).
+    #: Decoded clips travel one per item (their own shared memory each).
+    CHUNK = 32
+    #: where each sample's pieces are large (``samples.large_items``: a recorded mask, ~330 KB through the
+    #: worker's ring): two items of 32 ahead per worker would not fit its ring (``arena.RING``), and what does
+    #: not fit goes through torch's pipe
+    CHUNK_LARGE = 8
 
     def __init__(self, samples, workers: int, lookahead: int, planes: bool = False, timeout: float = 0,
                  gpu: bool = False, seed: Optional[int] = None):
         extras = bool(samples.extras)
-        self.flat = _Flat(self.CHUNK if extras and workers > 0 else 1)
+        self.flat = _Flat((self.CHUNK_LARGE if samples.large_items else self.CHUNK) if extras and workers > 0 else 1)
         # planes: clips as the decoder gives them (video.read_planes), converted to RGB in the graph
         read = samples.reader(gpu=gpu, check_jpeg_scan=False, planes=True) if planes else \
             samples.reader(gpu=gpu, check_jpeg_scan=False)

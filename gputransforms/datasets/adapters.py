@@ -42,6 +42,7 @@ class FileSamples:
     on_error = None
     warn_skipped = True  # the epoch's skipped samples are reported in a SkippedSamplesWarning
     extras = False  # each sample gives something for the batch beside the graph's inputs (feed.ProcessDecoders)
+    large_items = False  # what each sample gives is large (a recorded mask): fewer samples per worker item
 
     def __len__(self) -> int:
         return len(self.paths)

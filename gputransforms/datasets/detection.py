@@ -537,6 +537,10 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
                 ops = (recorded.pixel_blind(joint, size, target, kind) if user else
                        recorded.record(joint, size, target(), kind))[0]
                 samples.lazy_masks = recorded.masks_blind(joint, size, target, kind)
+                leaves = target()
+                leaves = leaves.values() if isinstance(leaves, dict) else [leaves]
+                # (a sample's mask travels beside its file: fewer samples per worker item, feed.ProcessDecoders)
+                samples.large_items = any(isinstance(v, tv_tensors.Mask) for v in leaves)
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
             return dataclasses.replace(program.as_recorded(ops) if user else program, tail=tail)
