@@ -201,7 +201,7 @@ class _Decoded(tud.Dataset):
         if isinstance(i, tuple):  # (index, seed): this sample's draws from its own seed (``_Flat.seed``)
             i, seed = i
             # the CPU generator's, which is all a forked worker draws from (it cannot use CUDA): what
-            # torch.manual_seed sets there, without the CUDA seeding it queues with a stack trace each time
+            # torch.manual_seed sets there, without the CUDA seeding it queues with stack traces each time
             # (77 us a sample, about a tenth of recording lsj-v2's)
             torch.default_generator.manual_seed(seed)
         try:
