@@ -292,7 +292,7 @@ def test_chunks_returned_out_of_order_make_the_batches_in_order():
     flat = feed._Flat(chunk=3)
     flat.batches = iter([list(range(0, 7)), list(range(7, 9)), list(range(9, 17))])  # 3 + 1 + 3 chunks
     chunks = list(flat)
-    assert [c[1] for c in chunks] == list(range(7)) and list(flat.starts) == [0, 3, 4]
+    assert [c[1] for c in chunks] == list(range(7)) and list(flat.starts) == [(0, 3), (3, 1), (4, 3)]
     returned = [chunks[k] for k in (4, 2, 6, 0, 5, 1, 3)]  # (a worker's results: its chunk's place, one per index)
     ep = feed.ProcessEpochFeed.__new__(feed.ProcessEpochFeed)
     ep.decoders, ep.waiting = types.SimpleNamespace(flat=flat), {}
@@ -307,6 +307,40 @@ def test_chunks_returned_out_of_order_make_the_batches_in_order():
     assert not ep.waiting and not flat.pulled and not flat.starts
     # the loader of chunks lets them come back out of order only where it can (torch 2.6 on)
     assert "in_order" in feed._LOADER_ARGS
+
+
+def test_an_epochs_first_batches_go_out_in_smaller_chunks():
+    """_Flat with ``ramp``: the epoch's first batches in chunks halved once for each ramp batch still ahead
+    (at least one sample), then ``chunk``; back in any order they make the same batches, in order; the loader of
+    recorded samples ramps with several workers only."""
+    import random
+    import types
+
+    from gputransforms.backends import feed
+
+    flat = feed._Flat(chunk=4, ramp=2)
+    batches = [list(range(8 * k, 8 * k + 8)) for k in range(4)] + [[32, 33, 34]]
+    flat.batches = iter(batches)
+    chunks = list(flat)
+    assert [len(c[2]) for c in chunks] == [1] * 8 + [2] * 4 + [4] * 4 + [3]
+    assert list(flat.starts) == [(0, 8), (8, 4), (12, 2), (14, 2), (16, 1)]
+    assert [flat.size(k) for k in range(4)] == [1, 2, 4, 4] and feed._Flat(chunk=32, ramp=4).size(0) == 2
+    returned = chunks[:]
+    random.Random(0).shuffle(returned)
+    ep = feed.ProcessEpochFeed.__new__(feed.ProcessEpochFeed)
+    ep.decoders, ep.waiting = types.SimpleNamespace(flat=flat), {}
+    ep.it = iter([(seq, [("r", i) for i in idx]) for _, seq, idx in returned])
+    got = []
+    while True:
+        batch, items = ep._next_batch()
+        if batch is None:
+            break
+        got.append((batch, [i for _, i in items]))
+    assert got == [(b, b) for b in batches]
+    samples = types.SimpleNamespace(extras=True, large_items=False, paths=[],
+                                    reader=lambda **_: (lambda i: ((), None)))
+    assert feed.ProcessDecoders(samples, 2, lookahead=6).flat.ramp == feed.ProcessDecoders.RAMP > 0
+    assert feed.ProcessDecoders(samples, 1, lookahead=6).flat.ramp == 0
 
 
 def test_a_samples_seed_gives_the_draws_torch_manual_seed_gives():

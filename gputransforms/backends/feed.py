@@ -218,30 +218,38 @@ class _Flat(tud.Sampler):
     at a time, so a batch is spread over several of them), remembering the batches in order.
     ``chunk``: samples per chunk (a chunk never spans two batches)."""
 
-    def __init__(self, chunk: int = 1):
+    def __init__(self, chunk: int = 1, ramp: int = 0):
         self.chunk = chunk
+        # the epoch's first ``ramp`` batches go out in smaller chunks (``size``): at an epoch's start every
+        # worker is idle and DALI's queue is empty, and a first batch in one chunk of 32 would wait for one
+        # worker to record 32 samples in a row (about 58 ms for lsj-v2 on an H100 host)
+        self.ramp = ramp
         self.batches = iter(())
         self.pulled: collections.deque = collections.deque()  # batches handed to workers, not yet returned
-        self.starts: collections.deque = collections.deque()  # beside pulled: each batch's first chunk's place
+        # beside pulled: each batch's first chunk's place in the epoch and its number of chunks
+        self.starts: collections.deque = collections.deque()
         # set: each index goes out with a seed of its own, from this one and its place in the epoch, so
         # that an epoch's draws do not depend on which worker takes which sample
         self.seed: Optional[int] = None
         self.epoch = 0  # each chunk goes out with it (arena.Rings: what a worker wrote before is free)
 
-    def chunks(self, batch_size: int) -> int:
-        return -(-batch_size // self.chunk)
+    def size(self, k: int) -> int:
+        """Samples per chunk of the epoch's ``k``-th batch: ``chunk`` halved for each of the first ``ramp``
+        batches still ahead (32: 2, 4, 8, 16, then 32), at least one."""
+        return max(1, self.chunk >> max(0, self.ramp - k))
 
     def __iter__(self):
         n, seq = 0, 0
-        for b in self.batches:
+        for j, b in enumerate(self.batches):
             b = list(b)
+            size = self.size(j)
             self.pulled.append(b)
-            self.starts.append(seq)
+            self.starts.append((seq, -(-len(b) // size)))
             if self.seed is not None:
                 b = [(i, (self.seed * 1_000_003 + n + k) % (2 ** 63)) for k, i in enumerate(b)]
                 n += len(b)
-            for k in range(0, len(b), self.chunk):
-                yield self.epoch, seq, b[k:k + self.chunk]
+            for k in range(0, len(b), size):
+                yield self.epoch, seq, b[k:k + size]
                 seq += 1
 
 
@@ -293,11 +301,17 @@ class ProcessDecoders:
     #: worker's ring): two items of 32 ahead per worker would not fit its ring (``arena.RING``), and what does
     #: not fit goes through torch's pipe
     CHUNK_LARGE = 8
+    #: an epoch's first batches go out in smaller items (``_Flat.size``): the first in items of 2 samples
+    #: (CHUNK 32), so that the graph starts on it while the workers record the next ones. On an H100 host the
+    #: first batch of each epoch came after 62-95 ms instead of 98-132 (lsj-v2; ssd 84-110 against 93-174), the
+    #: epochs' rate within the spread (benchmarks/results/stop22-epochs-and-the-decoder.txt)
+    RAMP = 4
 
     def __init__(self, samples, workers: int, lookahead: int, planes: bool = False, timeout: float = 0,
                  gpu: bool = False, seed: Optional[int] = None):
         extras = bool(samples.extras)
-        self.flat = _Flat((self.CHUNK_LARGE if samples.large_items else self.CHUNK) if extras and workers > 0 else 1)
+        chunk = (self.CHUNK_LARGE if samples.large_items else self.CHUNK) if extras and workers > 0 else 1
+        self.flat = _Flat(chunk, self.RAMP if workers > 1 else 0)
         # planes: clips as the decoder gives them (video.read_planes), converted to RGB in the graph
         read = samples.reader(gpu=gpu, check_jpeg_scan=False, planes=True) if planes else \
             samples.reader(gpu=gpu, check_jpeg_scan=False)
@@ -443,17 +457,16 @@ class ProcessEpochFeed(EpochFeed):
         flat, waiting = self.decoders.flat, self.waiting
 
         def complete() -> bool:  # (the sampler records a batch when it hands out its first chunk)
-            return bool(flat.pulled) and all(flat.starts[0] + k in waiting
-                                             for k in range(flat.chunks(len(flat.pulled[0]))))
+            return bool(flat.pulled) and all(flat.starts[0][0] + k in waiting for k in range(flat.starts[0][1]))
 
         while not complete():
             got = next(self.it, None)
             if got is None:
                 return None, None
             waiting[got[0]] = got[1]
-        batch, start = flat.pulled.popleft(), flat.starts.popleft()
+        batch, (start, chunks) = flat.pulled.popleft(), flat.starts.popleft()
         items: list = []
-        for k in range(flat.chunks(len(batch))):
+        for k in range(chunks):
             chunk = waiting.pop(start + k)
             if isinstance(chunk, ExceptionWrapper):  # the dataset's own error, at its batch (torch's reraise)
                 chunk.reraise()
