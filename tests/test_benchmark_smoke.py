@@ -148,6 +148,20 @@ def test_detection_benchmark_isolated_pil_rows_run(indexed_folder, tmp_path):
     assert rows[("lsj-v2", "torchvision")]["x_torchvision"] == 1.0
 
 
+def test_epochs_probe_runs(indexed_folder):
+    """benchmarks/probes/epochs.py: a recorded detection loader over whole epochs, batch by batch (two workers: the
+    epochs' first batches go out in smaller items), each epoch with every image once."""
+    pytest.importorskip("pycocotools")
+    cmd = [sys.executable, "-m", "benchmarks.probes.epochs", str(indexed_folder), "--preset", "hflip", "--epochs", "2",
+           "--workers", "2", "--batch-size", "4"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("epoch ")]
+    counts = [int(ln.split(": ")[1].split()[0]) for ln in lines]
+    assert len(counts) == 2 and counts[0] == counts[1] > 4, res.stdout
+    assert "epochs 1-1: " in res.stdout and "first batch" in res.stdout
+
+
 def test_train_benchmark_runs(indexed_folder, tmp_path):
     out = tmp_path / "train"
     cmd = [sys.executable, "-m", "benchmarks.train", str(indexed_folder), "--models", "mobilenet_v3_small", "--chains", "train",
