@@ -281,19 +281,13 @@ def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(mo
     assert log[-2:] == [("sync", event), ("release", [1])]
 
 
-def test_chunks_returned_out_of_order_make_the_batches_in_order():
-    """ProcessEpochFeed._next_batch: the workers' chunks come back as they are done (torch's in_order=False,
-    set for recorded joint transforms, whose samples draw from seeds of their own); each batch is made of its
-    own chunks, in the sampler's order, the chunks of later batches kept until theirs is next."""
+def _batches_from(flat, returned: list) -> list:
+    """ProcessEpochFeed._next_batch over ``flat``'s batches, its chunks ``returned`` by the workers in that order
+    (each result: the chunk's place and one item per index): (batch, the indices of its items) in turn."""
     import types
 
     from gputransforms.backends import feed
 
-    flat = feed._Flat(chunk=3)
-    flat.batches = iter([list(range(0, 7)), list(range(7, 9)), list(range(9, 17))])  # 3 + 1 + 3 chunks
-    chunks = list(flat)
-    assert [c[1] for c in chunks] == list(range(7)) and list(flat.starts) == [(0, 3), (3, 1), (4, 3)]
-    returned = [chunks[k] for k in (4, 2, 6, 0, 5, 1, 3)]  # (a worker's results: its chunk's place, one per index)
     ep = feed.ProcessEpochFeed.__new__(feed.ProcessEpochFeed)
     ep.decoders, ep.waiting = types.SimpleNamespace(flat=flat), {}
     ep.it = iter([(seq, [("r", i) for i in idx]) for _, seq, idx in returned])
@@ -301,10 +295,24 @@ def test_chunks_returned_out_of_order_make_the_batches_in_order():
     while True:
         batch, items = ep._next_batch()
         if batch is None:
-            break
+            assert not ep.waiting and not flat.pulled and not flat.starts
+            return got
         got.append((batch, [i for _, i in items]))
+
+
+def test_chunks_returned_out_of_order_make_the_batches_in_order():
+    """ProcessEpochFeed._next_batch: the workers' chunks come back as they are done (torch's in_order=False,
+    set for recorded joint transforms, whose samples draw from seeds of their own); each batch is made of its
+    own chunks, in the sampler's order, the chunks of later batches kept until theirs is next."""
+    from gputransforms.backends import feed
+
+    flat = feed._Flat(chunk=3)
+    flat.batches = iter([list(range(0, 7)), list(range(7, 9)), list(range(9, 17))])  # 3 + 1 + 3 chunks
+    chunks = list(flat)
+    assert [c[1] for c in chunks] == list(range(7)) and list(flat.starts) == [(0, 3), (3, 1), (4, 3)]
+    returned = [chunks[k] for k in (4, 2, 6, 0, 5, 1, 3)]  # (a worker's results: its chunk's place, one per index)
+    got = _batches_from(flat, returned)
     assert got == [(list(range(0, 7)), list(range(0, 7))), ([7, 8], [7, 8]), (list(range(9, 17)), list(range(9, 17)))]
-    assert not ep.waiting and not flat.pulled and not flat.starts
     # the loader of chunks lets them come back out of order only where it can (torch 2.6 on)
     assert "in_order" in feed._LOADER_ARGS
 
@@ -327,15 +335,7 @@ def test_an_epochs_first_batches_go_out_in_smaller_chunks():
     assert [flat.size(k) for k in range(4)] == [1, 2, 4, 4] and feed._Flat(chunk=32, ramp=4).size(0) == 2
     returned = chunks[:]
     random.Random(0).shuffle(returned)
-    ep = feed.ProcessEpochFeed.__new__(feed.ProcessEpochFeed)
-    ep.decoders, ep.waiting = types.SimpleNamespace(flat=flat), {}
-    ep.it = iter([(seq, [("r", i) for i in idx]) for _, seq, idx in returned])
-    got = []
-    while True:
-        batch, items = ep._next_batch()
-        if batch is None:
-            break
-        got.append((batch, [i for _, i in items]))
+    got = _batches_from(flat, returned)
     assert got == [(b, b) for b in batches]
     samples = types.SimpleNamespace(extras=True, large_items=False, paths=[],
                                     reader=lambda **_: (lambda i: ((), None)))
