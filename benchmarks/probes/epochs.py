@@ -5,7 +5,7 @@ show a median gap well below the epoch's average).
     python -m benchmarks.probes.epochs ROOT [--preset lsj-v2] [--epochs 5] [--workers 16] [--dali]
 
 ROOT: photos as for benchmarks.detection (its COCO layout is written beside them once). ``--dali``: the preset's
-hand-written DALI pipeline instead (lsj-v2, ssd; its reader never stops between epochs). The first epoch (start-up)
+hand-written DALI pipeline instead (lsj-v2, ssd; ``--workers`` DALI threads; its reader never stops between epochs). The first epoch (start-up)
 is reported apart from the mean.
 """
 from __future__ import annotations
