@@ -414,6 +414,34 @@ def test_iou_crop_draws_while_recorded_are_torchvisions(kwargs):
     assert v2.RandomIoUCrop.make_params is theirs
 
 
+def test_scale_jitter_draws_while_recorded_are_torchvisions():
+    """The registry's faster ScaleJitter.make_params (float32 NumPy scalars for its tensor of one number) gives
+    torchvision's size and leaves torch's RNG where torchvision's leaves it, over 20,000 random canvases,
+    target sizes and scale ranges."""
+    import random
+
+    from gputransforms.compiler import joint, joint_draws
+
+    theirs, ours = v2.ScaleJitter.make_params, joint_draws.scale_jitter(v2.ScaleJitter.make_params)
+    rng = random.Random(0)
+    sizes = set()
+    for case in range(20000):
+        lo = rng.choice([0.1, 0.5, 1, rng.random()])
+        t = v2.ScaleJitter((rng.randint(16, 2000), rng.randint(16, 2000)), scale_range=(lo, lo + rng.random() * 3))
+        flat = [torch.empty((), dtype=torch.uint8).expand(3, rng.randint(1, 3000), rng.randint(1, 3000))]
+        torch.manual_seed(case)
+        a = theirs(t, flat)
+        state = torch.get_rng_state()
+        torch.manual_seed(case)
+        assert ours(t, flat) == a, case
+        assert torch.equal(torch.get_rng_state(), state), case
+        sizes.add(a["size"])
+    assert len(sizes) > 19000
+    with joint.recording():
+        assert v2.ScaleJitter.make_params is not theirs
+    assert v2.ScaleJitter.make_params is theirs
+
+
 def _forward_chains() -> dict:
     """The reference presets on every backend, and a chain of every other class with a ``forward`` entry."""
     fill = {tv_tensors.Mask: 0, "others": (123.0, 117.0, 104.0)}
@@ -428,6 +456,14 @@ def _forward_chains() -> dict:
         v2.ToPureTensor()])
     chains["labels-getter"] = v2.Compose([v2.PILToTensor(), v2.RandomIoUCrop(), v2.SanitizeBoundingBoxes(
         labels_getter=lambda inputs: (inputs[1]["labels"], inputs[1]["iscrowd"]))])
+    for backend, head in (("pil", []), ("tensor", [v2.PILToTensor()]), ("tv_tensor", [v2.ToImage()])):
+        # every class with a ``chain`` entry, in one Compose (recorded in one pass: joint_chain), one nested
+        chains[f"chain-{backend}"] = v2.Compose(head + [
+            v2.ScaleJitter((640, 640)), v2.RandomCrop(500, pad_if_needed=True, fill=fill), v2.RandomHorizontalFlip(),
+            v2.Compose([v2.RandomVerticalFlip(), v2.ConvertBoundingBoxFormat("XYWH")]),
+            v2.RandomCrop(300, padding=[3, 0, 7, 5], pad_if_needed=True), v2.RandomShortestSize((200, 260), 400),
+            v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.ConvertBoundingBoxFormat("XYXY"),
+            v2.SanitizeBoundingBoxes(min_size=2), v2.ToPureTensor()])
     for backend in ("pil", "tv_tensor"):  # a mask for target (its own PadIfSmaller runs as written)
         chains[f"seg-{backend}"] = SegmentationPresetTrain(base_size=120, crop_size=100, backend=backend)
         chains[f"seg-{backend}-lazy"] = chains[f"seg-{backend}"]
@@ -435,18 +471,24 @@ def _forward_chains() -> dict:
 
 
 @pytest.mark.parametrize("name", list(_forward_chains()))
-def test_forwards_while_recorded_are_torchvisions(name):
+def test_forwards_while_recorded_are_torchvisions(name, monkeypatch):
     """The registry's faster forwards (used while recorded: the (image, target) pair without torch's pytree,
-    SanitizeBoundingBoxes' mask in NumPy) give torchvision's record, target and RNG state, sample by
+    SanitizeBoundingBoxes' mask in NumPy; a Compose of classes with a ``chain`` entry in one pass, its boxes
+    as NumPy) give torchvision's record, target and RNG state, sample by
     sample from the same seeds: boxes of three formats, float32 and float64, empty, degenerate, outside
     the canvas; labels, crowd flags and an image id beside them; the segmentation preset's mask, moved by
     torchvision's kernels or recorded (``lazy_masks``)."""
     from gputransforms.compiler import joint
 
+    from gputransforms.compiler import joint_chain
+
     chain = _forward_chains()[name]
     kind = "image" if "tv_tensor" in name or name == "others" else "pil" if "pil" in name else "tensor"
     gen = torch.Generator().manual_seed(1)
     cropped = 0
+    passes = [0]  # samples recorded in one pass (joint_chain): the rest left it for the step-by-step forwards
+    monkeypatch.setattr(joint_chain, "_output", lambda rec, s, _o=joint_chain._output: (
+        passes.__setitem__(0, passes[0] + 1), _o(rec, s))[1])
     for case in range(150):
         image, boxes = _random_boxes(gen, case)
         if case % 11 == 0:
@@ -480,8 +522,11 @@ def test_forwards_while_recorded_are_torchvisions(name):
         assert joint.same(ours, theirs), (name, case)
         assert theirs_rng is None or torch.equal(ours_rng, theirs_rng), (name, case)
         cropped += theirs_rng is not None and any(op == "crop" for op, _, _ in theirs[0])
-    if "ssd" in name or name.startswith("seg") or name in ("others", "labels-getter"):
+    if "ssd" in name or name.startswith(("seg", "chain")) or name in ("others", "labels-getter"):
         assert cropped > 20
+    # the one pass takes the chains of its classes alone, on float32 XYXY / XYWH boxes (not CXCYWH, float64)
+    one_pass = name.startswith(("chain", "hflip", "multiscale"))
+    assert (40 < passes[0] < 150) if one_pass else passes[0] == 0, (name, passes[0])
 
 
 def test_kernel_arguments_are_bound_as_inspect_binds_them():

@@ -25,27 +25,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import threading
 from typing import Optional
 
 import numpy as np
 import PIL.Image
 import torch
-from PIL._util import DeferredError
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional import _utils as _futils
 
 from ..device import map_tensors
 from . import joint_masks
+from .joint_record import (_LOCAL, COLOUR_SLOTS, GEOMETRY, TAIL, Unrecordable, _as_pil_does, _bound,
+                           _is_pil_stand_in, _key, _Record, _shape, _shape_after)
+from .joint_record import pil_fill  # noqa: F401 - known by this name in datasets/detection.py
 from .registry import draws, forwards
 
-#: the functionals the graph does: colour (in RandomPhotometricDistort's order), geometry, value tail
-COLOUR_SLOTS = ("adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_contrast",
-                "permute_channels")
-GEOMETRY = ("crop", "pad", "horizontal_flip", "vertical_flip", "resize", "center_crop")
-TAIL = ("to_dtype", "normalize")
 _QUERIES = ("get_size", "get_dimensions", "get_num_channels", "get_num_frames")
 
 #: the width of a row's parts (``JointProgram.row``)
@@ -55,125 +51,9 @@ STAGE_WIDTH = 6  # window top, left, height, width; horizontal flip, vertical fl
 RESIZE_WIDTH = 2  # height, width
 
 
-class Unrecordable(Exception):
-    """The transform called an image functional the recording does not know (it runs as written)."""
-
-
-def _pil_stand_in(size: tuple) -> PIL.Image.Image:
-    """A PIL image (of PIL's own class, as the transform's type lookups see it) of mode RGB and ``size``
-    (h, w) that holds no pixels: anything that reads them raises Unrecordable. A joint transform written
-    for PIL images (the references' ``--backend pil``) is recorded on it."""
-    img = PIL.Image.Image()
-    missing = DeferredError(Unrecordable("the transform read the pixels of a PIL image"))
-    for field, value in (("size", (int(size[1]), int(size[0]))), ("mode", "RGB"), ("im", missing)):
-        # Pillow >= 10.1 keeps them as properties over private fields; older Pillow as plain attributes
-        setattr(img, "_" + field if isinstance(getattr(PIL.Image.Image, field, None), property) else field, value)
-    img.gputransforms_stand_in = True
-    return img
-
-
-def _is_pil_stand_in(x) -> bool:
-    return isinstance(x, PIL.Image.Image) and getattr(x, "gputransforms_stand_in", False)
-
-
-def _key(x) -> Optional[int]:
-    """What a record knows a stand-in by: a tensor's storage address, a PIL stand-in's identity."""
-    if isinstance(x, torch.Tensor):
-        return x.data_ptr()
-    return id(x) if _is_pil_stand_in(x) else None
-
-
-def _shape(x) -> tuple:
-    return (3, x.height, x.width) if isinstance(x, PIL.Image.Image) else tuple(x.shape)
-
-
 # --- recording ------------------------------------------------------------------------------------------
 
-_LOCAL = threading.local()
 _SWAP_LOCK = threading.RLock()
-
-
-class _Record:
-    """The functionals called on the stand-ins of one sample, by stand-in (its storage's address)."""
-
-    def __init__(self, value: Optional[int] = None):
-        self.ops: dict[int, list] = {}
-        self.alive: list = []  # the stand-ins, so that no address is reused while the record lives
-        self.value = value  # every stand-in's one value (None: left uninitialised)
-
-    def stand_in(self, like, shape, dtype, ops: list):
-        if isinstance(like, PIL.Image.Image):
-            img = _pil_stand_in(shape[-2:])
-            self.alive.append(img)
-            self.ops[id(img)] = ops
-            return img
-        t = (torch.empty((), dtype=dtype) if self.value is None else torch.full((), self.value, dtype=dtype)).expand(
-            *shape)
-        self.alive.append(t)
-        self.ops[t.data_ptr()] = ops
-        return t.as_subclass(type(like)) if isinstance(like, (tv_tensors.Image, tv_tensors.Mask)) else t
-
-
-@functools.lru_cache(maxsize=None)
-def _signature(kernel) -> inspect.Signature:
-    return inspect.signature(kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def _parameters(kernel) -> Optional[tuple]:
-    """The names and defaults (``inspect.Parameter.empty`` where there is none) of ``kernel``'s
-    parameters after the image, where all of them may be passed by position or by name; else None."""
-    params = list(_signature(kernel).parameters.values())[1:]
-    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
-        return None
-    return tuple((p.name, p.default) for p in params)
-
-
-def _bound(real, inpt, args, kwargs) -> dict:
-    """The kernel's arguments after the image by name, its defaults filled in (what ``inspect``'s
-    ``bind`` and ``apply_defaults`` give; they run, and raise as they do, for anything but a plain call)."""
-    params = _parameters(real)
-    if params is not None and len(args) <= len(params):
-        out = {}
-        for k, (name, default) in enumerate(params):
-            if k < len(args):
-                if name in kwargs:
-                    break
-                out[name] = args[k]
-            elif name in kwargs:
-                out[name] = kwargs[name]
-            elif default is not inspect.Parameter.empty:
-                out[name] = default
-            else:
-                break
-        else:
-            if all(name in out for name in kwargs):  # (else an argument it does not take)
-                return out
-    b = _signature(real).bind(inpt, *args, **kwargs)
-    b.apply_defaults()
-    out = dict(b.arguments)
-    out.pop(next(iter(out)))  # the image
-    return out
-
-
-def _shape_after(name: str, shape: tuple, dtype, a: dict) -> tuple:
-    lead, (h, w) = tuple(shape[:-2]), shape[-2:]
-    if name in COLOUR_SLOTS or name in ("horizontal_flip", "vertical_flip", "normalize"):
-        return shape, dtype
-    if name == "to_dtype":
-        return shape, a["dtype"]
-    if name == "crop":
-        return lead + (int(a["height"]), int(a["width"])), dtype
-    if name == "pad":
-        left, right, top, bottom = F._geometry._parse_pad_padding(a["padding"])
-        return lead + (h + top + bottom, w + left + right), dtype
-    if name == "resize":
-        nh, nw = F._geometry._compute_resized_output_size((h, w), size=a["size"], max_size=a.get("max_size"))
-        return lead + (nh, nw), dtype
-    if name == "center_crop":
-        ch, cw = F._geometry._center_crop_parse_output_size(a["output_size"])
-        return lead + (ch, cw), dtype
-    raise Unrecordable(name)
 
 
 def _recording_kernel(functional, registered):
@@ -200,25 +80,8 @@ def _recording_kernel(functional, registered):
         shape, dtype = _shape_after(name, before, torch.uint8 if pil else inpt.dtype, a)
         return rec.stand_in(inpt, shape, dtype, ops + [(name, a, before[-2:])])
 
+    kernel.gputransforms_registered = registered
     return kernel
-
-
-def _as_pil_does(name: str, a: dict) -> dict:
-    """A PIL kernel's arguments as it applies them: it always antialiases a resize, and pads with the fill
-    truncated to integers (``pil_fill``)."""
-    if name == "resize":
-        return dict(a, antialias=True)
-    if name == "pad" and a.get("padding_mode", "constant") == "constant":
-        return dict(a, fill=pil_fill(a["fill"]))
-    return a
-
-
-def pil_fill(fill):
-    """What PIL's pad of an RGB image writes for ``fill``: one integer per channel, each truncated
-    (torchvision's ``_parse_fill``)."""
-    from torchvision.transforms import _functional_pil as FP
-
-    return FP._parse_fill(fill, _pil_stand_in((1, 1)), name="fill")["fill"]
 
 
 def _converting(original, like):

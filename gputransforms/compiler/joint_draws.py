@@ -139,3 +139,22 @@ class _Boxes:
         best = np.where(within, iou, real(-np.inf)).max(axis=1)
         hits = np.flatnonzero(holds & ~(best < real(min_jaccard_overlap)))
         return int(hits[0]) if len(hits) else None
+
+
+def scale_jitter(original: Callable) -> Callable:
+    """``ScaleJitter.make_params`` (torchvision 0.26-0.29): its one ``torch.rand(1)`` and the same float32
+    arithmetic as NumPy scalars (a float32 tensor and a Python number multiply and add in float32), without
+    the four tensor operators around one number (20 us of the 60 a recorded ScaleJitter took)."""
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        if torch.get_default_dtype() != torch.float32:
+            return original(self, flat_inputs)
+        orig_height, orig_width = query_size(flat_inputs)
+        f32 = np.float32
+        lo, hi = self.scale_range
+        scale = f32(lo) + f32(torch.rand(1).item()) * f32(hi - lo)
+        r = f32(min(self.target_size[1] / orig_height, self.target_size[0] / orig_width)) * scale
+        return dict(size=(int(f32(orig_height) * r), int(f32(orig_width) * r)))
+
+    make_params.__wrapped__ = original
+    return make_params

@@ -13,7 +13,9 @@ An ``Entry`` says, for one class:
 - ``draw``: while recorded, its ``make_params`` is this exact, faster form of torchvision's own
   (``joint_draws``: the same RNG calls, the same result);
 - ``forward``: while recorded, its ``forward`` is this exact, faster form of torchvision's own
-  (``joint_forward``: the same steps on an (image, target dict) pair without the pytree).
+  (``joint_forward``: the same steps on an (image, target dict) pair without the pytree);
+- ``chain``: its step in the one pass a v2 ``Compose`` of such steps is recorded in (``joint_chain``:
+  its forward restated on the sample's record and its boxes as NumPy; ``Compose``'s ``forward`` entry).
 
 A class is looked up by its exact type. A user's subclass gets its base's entry only where its
 behaviour is provably the base's (``chain.user_override``: it overrides none of forward, __call__,
@@ -32,7 +34,7 @@ import torchvision.transforms.functional as F1
 from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
-from . import batched, joint_draws, joint_forward, lowerings, vectorized
+from . import batched, joint_chain, joint_draws, joint_forward, lowerings, vectorized
 from .chain import NotLowerable, Op, overridden, user_override
 
 
@@ -45,6 +47,7 @@ class Entry:
     joint: bool = False
     draw: Optional[Callable[[Callable], Callable]] = None
     forward: Optional[Callable[[Callable], Callable]] = None
+    chain: Optional[Callable] = None
 
 
 REGISTRY: dict[type, Entry] = {}
@@ -203,6 +206,19 @@ _allow_joint((tv2.ToImage, tv2.PILToTensor, tv2.RandomPhotometricDistort, tv2.Ra
 
 
 REGISTRY[tv2.RandomIoUCrop] = dataclasses.replace(REGISTRY[tv2.RandomIoUCrop], draw=joint_draws.random_iou_crop)
+REGISTRY[tv2.ScaleJitter] = dataclasses.replace(REGISTRY[tv2.ScaleJitter], draw=joint_draws.scale_jitter)
+for _cls, _step in joint_chain.steps().items():
+    REGISTRY[_cls] = dataclasses.replace(REGISTRY[_cls], chain=_step)
+
+
+def chain_of(cls: type) -> Optional[Callable]:
+    """A class's step in a Compose recorded in one pass (its exact class's entry: a subclass has none)."""
+    entry = REGISTRY.get(cls)
+    return entry.chain if entry is not None else None
+
+
+REGISTRY[tv2.Compose] = dataclasses.replace(
+    REGISTRY[tv2.Compose], forward=lambda original: joint_chain.compose(original, chain_of))
 
 
 def draws() -> list:

@@ -1,0 +1,401 @@
+"""A v2 ``Compose`` recorded in one pass (the registry's ``chain`` entries; ``Compose``'s ``forward`` entry).
+
+A worker that records a detection sample spends most of its time on bookkeeping around a few numbers: each
+step of the Compose is a module call, a pytree of the pair, a needs-transform list, a dispatch per leaf, a
+tv_tensor wrapped around a four-column tensor after each box operator. On a host where the workers run
+beside DALI, their CPU time is what the graph loses (docs/performance.md, stop 23). Here, where every step
+of the Compose is a class with a ``chain`` entry and the pair is the common one (a stand-in image; a dict
+of one float32 ``BoundingBoxes`` in XYXY or XYWH, plain tensors and plain values), the Compose runs as one
+loop over a small state: the image's record, its size and type; the boxes as a NumPy array with their
+format, canvas and clamping mode.
+
+Each entry is its class's ``forward`` restated for that state: the class's ``make_params`` draws (its own,
+or the registry's exact ``draw``: the same RNG calls, and its errors as it raises them), the image
+functional is recorded with the arguments its kernel binds (``joint_record.recorded_op``: the record the
+step-by-step recording makes), and the boxes move by torchvision's box kernels written in NumPy: the same
+float32 operations in the same order, so the same values. The output is what the Compose returns (a
+stand-in carrying the record, the target dict in its key order). Anything else (another class, a
+subclass, hooks on a step, masks or key points, integer, float64 or rotated boxes, a labels getter of the
+user's, a padding mode torchvision refuses for boxes) leaves the pass, before it draws or after putting
+torch's RNG state back, and the Compose's own forward runs. tests/test_detection.py compares records,
+targets and the RNG state with torchvision's own forwards over random canvases and boxes, and checks
+that the pass took the chains it should (on torchvision 0.29 and 0.26).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Optional
+
+import numpy as np
+import PIL.Image
+import torch
+from torch.utils._pytree import tree_is_leaf
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2._utils import _get_fill
+
+from . import joint_record
+
+_BBF = tv_tensors.BoundingBoxFormat
+_FORMATS = (_BBF.XYXY, _BBF.XYWH)
+_F32 = np.float32
+#: label dtypes indexed through NumPy (the same values; any other through torch)
+_NUMPY_INDEXED = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8, torch.float32, torch.float64,
+                  torch.bool)
+
+
+#: whether Composes are recorded in one pass (off: step by step, for the tests that compare the two)
+ENABLED = [True]
+
+
+class _Off(Exception):
+    """This sample leaves the one pass: the Compose's own forward runs, from the same RNG state."""
+
+
+class _State:
+    """One sample between the steps of the pass."""
+
+    __slots__ = ("kind", "dtype", "h", "w", "ops", "boxes", "fmt", "canvas", "like", "plain", "target", "box_key")
+
+    def __init__(self, kind, dtype, size, ops, target, box_key, like):
+        self.kind, self.dtype, (self.h, self.w), self.ops = kind, dtype, size, ops
+        self.target, self.box_key, self.like = target, box_key, like
+        self.plain = False  # the boxes were made plain tensors (ToPureTensor): no step moves them any more
+        if like is not None:
+            self.boxes = like.as_subclass(torch.Tensor).numpy().copy()
+            self.fmt, self.canvas = like.format, tuple(int(v) for v in like.canvas_size)
+        else:
+            self.boxes, self.fmt, self.canvas = None, None, None
+
+    def record(self, functional, **kwargs) -> None:
+        """The image functional ``functional`` called with ``kwargs``, as ``joint``'s recording kernel records it."""
+        op, shape, dtype = joint_record.recorded_op(functional, self.kind, (3, self.h, self.w), self.dtype, kwargs)
+        self.ops = self.ops + [op]
+        self.h, self.w, self.dtype = int(shape[-2]), int(shape[-1]), dtype
+
+    def moving_boxes(self) -> bool:
+        """Whether a geometry step transforms the boxes (they are there and still ``BoundingBoxes``)."""
+        return self.boxes is not None and not self.plain
+
+
+# --- torchvision's box kernels in NumPy (float32, XYXY / XYWH; torchvision 0.26-0.29) --------------------
+
+def _to_xyxy(b: np.ndarray, fmt) -> np.ndarray:
+    if fmt == _BBF.XYWH:  # _xywh_to_xyxy
+        b[:, 2:] += b[:, :2]
+    return b
+
+
+def _from_xyxy(b: np.ndarray, fmt) -> np.ndarray:
+    if fmt == _BBF.XYWH:  # _xyxy_to_xywh
+        b[:, 2:] -= b[:, :2]
+    return b
+
+
+def _clamp(b: np.ndarray, fmt, canvas: tuple, mode) -> np.ndarray:
+    """``_clamp_bounding_boxes`` (soft and hard are one for boxes that are not rotated): x within [0, width],
+    y within [0, height] (one clip against the four bounds: the same min(max(v, 0), bound) per value)."""
+    if mode is None:
+        return b.copy()
+    bounds = np.asarray([canvas[1], canvas[0], canvas[1], canvas[0]], dtype=_F32)
+    if fmt == _BBF.XYXY:
+        return np.clip(b, _F32(0), bounds)
+    b = _to_xyxy(b.copy(), fmt)
+    np.clip(b, _F32(0), bounds, out=b)
+    return _from_xyxy(b, fmt)
+
+
+def _pad_boxes(s: _State, left: int, top: int, right: int, bottom: int) -> None:
+    """``pad_bounding_boxes``: the shift as a float32 tensor added, then the clamp on the larger canvas."""
+    shift = [left, top, left, top] if s.fmt == _BBF.XYXY else [left, top, 0, 0]
+    canvas = (s.canvas[0] + top + bottom, s.canvas[1] + left + right)
+    s.boxes, s.canvas = _clamp(s.boxes + np.asarray(shift, dtype=_F32), s.fmt, canvas, _mode(s.like)), canvas
+
+
+def _crop_boxes(s: _State, top: int, left: int, height: int, width: int) -> None:
+    """``crop_bounding_boxes``: the shift as a float32 tensor subtracted, then the clamp on the window."""
+    shift = [left, top, left, top] if s.fmt == _BBF.XYXY else [left, top, 0, 0]
+    canvas = (int(height), int(width))
+    s.boxes, s.canvas = _clamp(s.boxes - np.asarray(shift, dtype=_F32), s.fmt, canvas, _mode(s.like)), canvas
+
+
+def _mode(like) -> Any:
+    return getattr(like, "clamping_mode", "soft")
+
+
+def _resize_boxes(s: _State, size, max_size=None) -> None:
+    """``resize_bounding_boxes``: the ratios as a float32 tensor of Python's quotients, one multiplication."""
+    old_h, old_w = s.canvas
+    new_h, new_w = F._geometry._compute_resized_output_size(s.canvas, size=size, max_size=max_size)
+    if (new_h, new_w) != (old_h, old_w):
+        ratios = np.asarray([new_w / old_w, new_h / old_h, new_w / old_w, new_h / old_h], dtype=_F32)
+        s.boxes = s.boxes * ratios
+    s.canvas = (int(new_h), int(new_w))
+
+
+def _flip_boxes(s: _State, horizontal: bool) -> None:
+    """``horizontal_flip_bounding_boxes`` / ``vertical_flip_bounding_boxes``."""
+    b = s.boxes.copy()
+    lo, hi = (0, 2) if horizontal else (1, 3)
+    extent = _F32(s.canvas[1] if horizontal else s.canvas[0])
+    if s.fmt == _BBF.XYXY:
+        b[:, lo], b[:, hi] = -(s.boxes[:, hi] - extent), -(s.boxes[:, lo] - extent)
+    else:  # XYWH
+        b[:, lo] = -((s.boxes[:, lo] + s.boxes[:, hi]) - extent)
+    s.boxes = b
+
+
+# --- the steps: each class's forward on the state ------------------------------------------------------------
+
+def _like_of(s: _State):
+    """What the stand-in's type is, as the fill and dtype lookups by type see it."""
+    return {"pil": PIL.Image.Image, "image": tv_tensors.Image, "tensor": torch.Tensor}[s.kind]
+
+
+def _to_image(t, s: _State) -> None:
+    if s.kind == "pil":
+        s.kind, s.dtype = "image", torch.uint8
+    elif s.kind == "tensor":
+        s.kind = "image"
+
+
+def _pil_to_tensor(t, s: _State) -> None:
+    if s.kind == "pil":
+        s.kind, s.dtype = "tensor", torch.uint8
+
+
+def _to_dtype(t, s: _State) -> None:
+    if not isinstance(t.dtype, torch.dtype):
+        raise _Off  # per-type dtypes
+    if s.kind != "pil":  # (a PIL image passes through, as the boxes and the labels do)
+        s.record(F.to_dtype, dtype=t.dtype, scale=t.scale)
+
+
+def _to_pure_tensor(t, s: _State) -> None:
+    if s.kind == "image":
+        s.kind = "tensor"
+    if s.boxes is not None:
+        s.plain = True
+
+
+def _convert_format(t, s: _State) -> None:
+    if not s.moving_boxes():
+        return
+    new = _BBF[t.format.upper()] if isinstance(t.format, str) else t.format
+    if new not in _FORMATS:
+        raise _Off
+    if new != s.fmt:
+        s.boxes = _from_xyxy(_to_xyxy(s.boxes.copy(), s.fmt), new)
+        s.fmt = new
+
+
+def _params(t, s: _State) -> dict:
+    """The class's own ``make_params`` on the one input whose size it queries (the boxes' canvas is the image's)."""
+    return t.make_params([_probe(s)])
+
+
+def _probe(s: _State):
+    """A plain tensor of the image's size, for ``query_size`` (the classes with a draw here ask only that)."""
+    return _PROBE.expand(3, s.h, s.w)
+
+
+_PROBE = torch.empty((), dtype=torch.uint8)
+
+
+def _resize_with(s: _State, size, interpolation, antialias, max_size=None) -> None:
+    kwargs = dict(size=size, interpolation=interpolation, antialias=antialias)
+    if max_size is not None:
+        kwargs["max_size"] = max_size
+    s.record(F.resize, **kwargs)
+    if s.moving_boxes():
+        _resize_boxes(s, size, max_size)
+
+
+def _scale_jitter(t, s: _State) -> None:
+    p = _params(t, s)
+    _resize_with(s, p["size"], t.interpolation, t.antialias)
+
+
+def _random_shortest_size(t, s: _State) -> None:
+    p = _params(t, s)
+    _resize_with(s, p["size"], t.interpolation, t.antialias)
+
+
+def _random_crop(t, s: _State) -> None:
+    if t.padding_mode != "constant" and s.moving_boxes():
+        raise _Off  # torchvision's ValueError for boxes, as its own forward raises it
+    p = _params(t, s)
+    if p["needs_pad"]:
+        fill = _get_fill(t._fill, _like_of(s))
+        s.record(F.pad, padding=p["padding"], fill=fill, padding_mode=t.padding_mode)
+        if s.moving_boxes():
+            left, right, top, bottom = F._geometry._parse_pad_padding(p["padding"])
+            _pad_boxes(s, left, top, right, bottom)
+    if p["needs_crop"]:
+        s.record(F.crop, top=p["top"], left=p["left"], height=p["height"], width=p["width"])
+        if s.moving_boxes():
+            _crop_boxes(s, p["top"], p["left"], p["height"], p["width"])
+
+
+def _flip(horizontal: bool) -> Callable:
+    functional = F.horizontal_flip if horizontal else F.vertical_flip
+
+    def step(t, s: _State) -> None:
+        if torch.rand(1) >= t.p:
+            return
+        s.record(functional)
+        if s.moving_boxes():
+            _flip_boxes(s, horizontal)
+
+    return step
+
+
+def _sanitize(t, s: _State) -> None:
+    from torchvision.transforms.v2._utils import _find_labels_default_heuristic
+
+    from .joint_forward import sanitize_mask
+
+    if not s.moving_boxes() or s.fmt != _BBF.XYXY or t._labels_getter is not _find_labels_default_heuristic:
+        raise _Off
+    labels = t._labels_getter((None, s.target))
+    if labels is None:
+        keys = []
+    elif isinstance(labels, torch.Tensor) and any(labels is v for v in s.target.values()):
+        keys = [next(k for k, v in s.target.items() if v is labels)]
+    else:
+        raise _Off
+    n = len(s.boxes)
+    if any(s.target[k].ndim == 0 or s.target[k].shape[0] != n for k in keys):
+        raise _Off  # its ValueError, as it words it
+    valid = sanitize_mask(torch.from_numpy(s.boxes), s.fmt, s.canvas, t.min_size, t.min_area).numpy()
+    s.boxes = s.boxes[valid]
+    if keys:
+        s.target = dict(s.target)
+        for k in keys:  # (a plain CPU tensor indexed by a mask: a new contiguous one, as torch's indexing gives)
+            label = s.target[k]
+            s.target[k] = torch.from_numpy(label.numpy()[valid]) if label.dtype in _NUMPY_INDEXED else \
+                label[torch.from_numpy(valid)]
+
+
+#: the pass's steps, by exact class (the registry's ``chain`` entries)
+def steps() -> dict:
+    from torchvision.transforms import v2
+
+    return {v2.ToImage: _to_image, v2.PILToTensor: _pil_to_tensor, v2.ToDtype: _to_dtype,
+            v2.ToPureTensor: _to_pure_tensor, v2.ConvertBoundingBoxFormat: _convert_format,
+            v2.ScaleJitter: _scale_jitter, v2.RandomShortestSize: _random_shortest_size, v2.RandomCrop: _random_crop,
+            v2.RandomHorizontalFlip: _flip(True), v2.RandomVerticalFlip: _flip(False),
+            v2.SanitizeBoundingBoxes: _sanitize}
+
+
+_OWN = ("forward", "transform", "make_params", "check_inputs", "_needs_transform_list", "_call_kernel", "__call__")
+
+
+def _plan(compose, chain_of: Callable) -> Optional[list]:
+    """(transform, its step) for every transform of ``compose`` (nested v2 Composes flattened), or None where
+    one has no step, has hooks, or has its own methods on the instance. Kept per Compose while its list of
+    transforms is the same; the hooks are looked at on every call."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return None
+    ids = tuple(map(id, compose.transforms))
+    kept = _PLANS.get(compose)
+    if kept is None or kept[0] != ids:
+        kept = (ids, _plan_of(compose, chain_of))
+        _PLANS[compose] = kept
+    plan = kept[1]
+    if plan is None or any(t._forward_hooks or t._forward_pre_hooks for t, _ in plan):
+        return None
+    return plan
+
+
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _plan_of(compose, chain_of: Callable) -> Optional[list]:
+    from torchvision.transforms import v2
+
+    out: list = []
+    for t in compose.transforms:
+        if t._forward_hooks or t._forward_pre_hooks or any(k in t.__dict__ for k in _OWN):
+            return None
+        if type(t) is v2.Compose:
+            inner = _plan_of(t, chain_of)
+            if inner is None:
+                return None
+            out += inner
+            continue
+        step = chain_of(type(t))
+        if step is None:
+            return None
+        out.append((t, step))
+    return out
+
+
+def _boxes_of(target: dict):
+    """The target's one BoundingBoxes (its key and itself), where every leaf is one the pass carries; else _Off."""
+    found = None
+    for k, v in target.items():
+        if not tree_is_leaf(v):
+            raise _Off
+        if type(v) is tv_tensors.BoundingBoxes:
+            if found is not None or v.ndim != 2 or v.shape[-1] != 4 or v.dtype != torch.float32 or \
+                    v.device.type != "cpu" or v.format not in _FORMATS or \
+                    _mode(v) not in ("soft", "hard", None) or v.requires_grad:
+                raise _Off
+            found = (k, v)
+        elif isinstance(v, torch.Tensor) and (type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad):
+            raise _Off  # masks, key points, other tv_tensors
+    return found if found is not None else (None, None)
+
+
+def compose(original: Callable, chain_of: Callable) -> Callable:
+    """``Compose.forward`` while recorded: the one pass where it applies (``chain_of(cls)``: a class's step)."""
+
+    def forward(self, *inputs: Any) -> Any:
+        rec = getattr(joint_record._LOCAL, "record", None)
+        if rec is None or not ENABLED[0] or len(inputs) != 2 or type(inputs[1]) is not dict:
+            return original(self, *inputs)
+        image, target = inputs
+        ops = rec.ops.get(joint_record._key(image))
+        plan = _plan(self, chain_of) if ops is not None else None
+        if plan is None:
+            return original(self, *inputs)
+        kind = "pil" if isinstance(image, PIL.Image.Image) else \
+            "image" if type(image) is tv_tensors.Image else "tensor" if type(image) is torch.Tensor else None
+        try:
+            if kind is None or torch.get_default_dtype() != torch.float32:  # (the box kernels' ratios)
+                raise _Off
+            box_key, boxes = _boxes_of(target)
+            size = joint_record._shape(image)[-2:]
+            if boxes is not None and tuple(boxes.canvas_size) != tuple(size):
+                raise _Off  # query_size's error, as torchvision raises it
+        except _Off:
+            return original(self, *inputs)
+        state = torch.get_rng_state()
+        s = _State(kind, torch.uint8 if kind == "pil" else image.dtype, tuple(size), ops, target, box_key, boxes)
+        try:
+            for t, step in plan:
+                step(t, s)
+        except _Off:
+            torch.set_rng_state(state)
+            return original(self, *inputs)
+        return _output(rec, s)
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def _output(rec, s: _State) -> tuple:
+    like = {"pil": PIL.Image.Image, "image": _IMAGE_LIKE, "tensor": _TENSOR_LIKE}[s.kind]
+    image = rec.stand_in(like() if s.kind == "pil" else like, (3, s.h, s.w), s.dtype, s.ops)
+    target = dict(s.target)
+    if s.box_key is not None:
+        b = torch.from_numpy(np.ascontiguousarray(s.boxes, dtype=_F32))
+        target[s.box_key] = b if s.plain else tv_tensors.wrap(b, like=s.like, format=s.fmt, canvas_size=s.canvas)
+    return image, target
+
+
+_IMAGE_LIKE = tv_tensors.Image(torch.empty(1, 1))
+_TENSOR_LIKE = torch.empty(0)
