@@ -250,6 +250,48 @@ def _flip(horizontal: bool) -> Callable:
     return step
 
 
+def _photometric_distort(t, s: _State) -> None:
+    """RandomPhotometricDistort: colour functionals on the image only (the boxes pass through them)."""
+    p = _params(t, s)
+    if p["brightness_factor"] is not None:
+        s.record(F.adjust_brightness, brightness_factor=p["brightness_factor"])
+    if p["contrast_factor"] is not None and p["contrast_before"]:
+        s.record(F.adjust_contrast, contrast_factor=p["contrast_factor"])
+    if p["saturation_factor"] is not None:
+        s.record(F.adjust_saturation, saturation_factor=p["saturation_factor"])
+    if p["hue_factor"] is not None:
+        s.record(F.adjust_hue, hue_factor=p["hue_factor"])
+    if p["contrast_factor"] is not None and not p["contrast_before"]:
+        s.record(F.adjust_contrast, contrast_factor=p["contrast_factor"])
+    if p["channel_permutation"] is not None:
+        s.record(F.permute_channels, permutation=p["channel_permutation"])
+
+
+def _zoom_out(t, s: _State) -> None:
+    """RandomZoomOut (a random-apply transform): its coin, then a pad with the fill for the image's type."""
+    if torch.rand(1) >= t.p:
+        return
+    p = _params(t, s)
+    s.record(F.pad, padding=p["padding"], fill=_get_fill(t._fill, _like_of(s)))
+    if s.moving_boxes():
+        left, right, top, bottom = F._geometry._parse_pad_padding(p["padding"])
+        _pad_boxes(s, left, top, right, bottom)
+
+
+def _iou_crop(t, s: _State) -> None:
+    """RandomIoUCrop: its draw on the boxes (the registry's exact faster one while recorded), the crop, and the
+    boxes outside the crop's area made 0 (for SanitizeBoundingBoxes after it)."""
+    if not s.moving_boxes():
+        raise _Off  # its TypeError (it needs boxes), as its own forward raises it
+    boxes = tv_tensors.wrap(torch.from_numpy(s.boxes), like=s.like, format=s.fmt, canvas_size=s.canvas)
+    p = t.make_params([_probe(s), boxes])
+    if len(p) < 1:
+        return
+    s.record(F.crop, top=p["top"], left=p["left"], height=p["height"], width=p["width"])
+    _crop_boxes(s, p["top"], p["left"], p["height"], p["width"])
+    s.boxes[~p["is_within_crop_area"].numpy()] = 0
+
+
 def _sanitize(t, s: _State) -> None:
     from torchvision.transforms.v2._utils import _find_labels_default_heuristic
 
@@ -285,6 +327,7 @@ def steps() -> dict:
             v2.ToPureTensor: _to_pure_tensor, v2.ConvertBoundingBoxFormat: _convert_format,
             v2.ScaleJitter: _scale_jitter, v2.RandomShortestSize: _random_shortest_size, v2.RandomCrop: _random_crop,
             v2.RandomHorizontalFlip: _flip(True), v2.RandomVerticalFlip: _flip(False),
+            v2.RandomPhotometricDistort: _photometric_distort, v2.RandomZoomOut: _zoom_out, v2.RandomIoUCrop: _iou_crop,
             v2.SanitizeBoundingBoxes: _sanitize}
 
 
