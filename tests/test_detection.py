@@ -529,6 +529,48 @@ def test_forwards_while_recorded_are_torchvisions(name, monkeypatch):
     assert (40 < passes[0] < 150) if one_pass else passes[0] == 0, (name, passes[0])
 
 
+@pytest.mark.parametrize("extra", ["array", "mask", "two-boxes", "hook", "subclass"])
+def test_the_one_pass_leaves_what_it_does_not_carry(extra, monkeypatch):
+    """A target value no step of the one pass carries (an array, which ToImage makes an Image; a mask; a second
+    set of boxes), a hook on a step, or a user's subclass among the steps: the Compose's own forward runs, and
+    the record and target are torchvision's."""
+    from gputransforms.compiler import joint, joint_chain
+
+    class Flip(v2.RandomHorizontalFlip):
+        pass
+
+    flip = Flip() if extra == "subclass" else v2.RandomHorizontalFlip()
+    if extra == "hook":
+        flip.register_forward_hook(lambda module, args, out: None)
+    chain = v2.Compose([v2.PILToTensor(), v2.ToImage(), flip, v2.RandomCrop(40, pad_if_needed=True),
+                        v2.SanitizeBoundingBoxes()])
+    passes = [0]
+    monkeypatch.setattr(joint_chain, "_output", lambda rec, s, _o=joint_chain._output: (
+        passes.__setitem__(0, passes[0] + 1), _o(rec, s))[1])
+
+    def target():
+        boxes = tv_tensors.BoundingBoxes(torch.tensor([[1.0, 2.0, 30.0, 40.0], [50.0, 3.0, 58.0, 9.0]]),
+                                         format="XYXY", canvas_size=(50, 60))
+        out = {"boxes": boxes, "labels": torch.tensor([3, 4])}
+        out.update({"array": {"extra": np.full((50, 60, 3), 7, np.uint8)}, "mask": {"masks": tv_tensors.Mask(
+            torch.zeros(2, 50, 60, dtype=torch.uint8))}, "two-boxes": {"more": boxes.clone()}}.get(extra, {}))
+        return out
+
+    for case in range(20):
+        runs = []
+        for fast in (False, True):
+            joint.FAST_FORWARD[0] = fast
+            torch.manual_seed(case)
+            try:
+                runs.append(joint.record(chain, (50, 60), target(), "pil"))
+            finally:
+                joint.FAST_FORWARD[0] = True
+        assert joint.same(runs[1], runs[0]), (extra, case)
+    assert passes[0] == 0
+    if extra == "array":
+        assert isinstance(runs[1][1]["extra"], tv_tensors.Image) and runs[1][1]["extra"].shape == (3, 40, 40)
+
+
 def test_kernel_arguments_are_bound_as_inspect_binds_them():
     """A recorded functional's arguments by name (``joint._bound``'s fast path) are what inspect's bind and
     apply_defaults give, in the same order, and it raises TypeError where bind does, over every kernel

@@ -44,6 +44,9 @@ _NUMPY_INDEXED = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8
                   torch.bool)
 
 
+#: the target's values that no step of the pass touches, besides plain tensors
+_PLAIN = (int, float, str, bool, type(None))
+
 #: whether Composes are recorded in one pass (off: step by step, for the tests that compare the two)
 ENABLED = [True]
 
@@ -340,7 +343,7 @@ def _plan(compose, chain_of: Callable) -> Optional[list]:
     transforms is the same; the hooks are looked at on every call."""
     from torch.nn.modules import module as nn_module
 
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+    if any(getattr(nn_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")):
         return None
     ids = tuple(map(id, compose.transforms))
     kept = _PLANS.get(compose)
@@ -388,8 +391,11 @@ def _boxes_of(target: dict):
                     _mode(v) not in ("soft", "hard", None) or v.requires_grad:
                 raise _Off
             found = (k, v)
-        elif isinstance(v, torch.Tensor) and (type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad):
-            raise _Off  # masks, key points, other tv_tensors
+        elif isinstance(v, torch.Tensor):
+            if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:
+                raise _Off  # masks, key points, other tv_tensors
+        elif type(v) not in _PLAIN:
+            raise _Off  # an array or an image, which ToImage or a geometry step would transform
     return found if found is not None else (None, None)
 
 
