@@ -119,6 +119,38 @@ def test_reference_presets_same_draws_same_targets(coco, device, aug, backend):
     assert sorted(ids) == [i + 1 for i in range(48) if i % 7 != 6]  # every annotated image once
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("aug", ["lsj", "ssd"])
+def test_presets_recorded_in_one_pass_side_by_side(coco, device, aug, monkeypatch):
+    """Without masks in the target, the reference's ssd preset and the lsj augmentation (spelt with v2
+    classes) are recorded in one pass (compiler/joint_chain.py), and side by side with torch's DataLoader
+    from the same seed give torchvision's boxes, labels and image ids exactly, its images within the
+    decoders' difference, every annotated image once."""
+    from gputransforms.compiler import joint_chain
+
+    if aug == "lsj":
+        chain = v2.Compose([v2.ToImage(), v2.ScaleJitter((320, 320)), v2.RandomCrop(
+            320, pad_if_needed=True, fill={tv_tensors.Mask: 0, "others": (123.0, 117.0, 104.0)}),
+            v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+            v2.ConvertBoundingBoxFormat("XYXY"), v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
+    else:
+        chain = DetectionPresetTrain(data_augmentation="ssd", backend="tv_tensor")
+    ds = wrapped(coco, chain, keys=["boxes", "labels", "image_id"])
+    passes = [0]
+    monkeypatch.setattr(joint_chain, "_output", lambda rec, s, _o=joint_chain._output: (
+        passes.__setitem__(0, passes[0] + 1), _o(rec, s))[1])
+    assert "in one pass" in DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device).explain()
+    ours, theirs = side_by_side(ds, device, seed=5, shuffle=True)
+    ids = []
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape and (a.cpu() - b).abs().mean() * 255 < (1.0 if device == "cpu" else 3.0)
+            same_targets(ta, tb)
+            ids.append(ta["image_id"])
+    assert sorted(ids) == [i + 1 for i in range(48) if i % 7 != 6]  # every annotated image once
+    assert passes[0] >= len(ids)  # each sample recorded in the pass (the probes at the start too)
+
+
 class _GroupedBatches(tud.Sampler):
     """A batch sampler as the detection reference's GroupedBatchSampler: batches of images of one aspect
     group (here: two groups of indices), drawn from a shuffled sampler."""

@@ -348,7 +348,7 @@ def _plan(compose, chain_of: Callable) -> Optional[list]:
     ids = tuple(map(id, compose.transforms))
     kept = _PLANS.get(compose)
     if kept is None or kept[0] != ids:
-        kept = (ids, _plan_of(compose, chain_of))
+        kept = (ids, plan_of(compose, chain_of))
         _PLANS[compose] = kept
     plan = kept[1]
     if plan is None or any(t._forward_hooks or t._forward_pre_hooks for t, _ in plan):
@@ -359,7 +359,8 @@ def _plan(compose, chain_of: Callable) -> Optional[list]:
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _plan_of(compose, chain_of: Callable) -> Optional[list]:
+def plan_of(compose, chain_of: Callable) -> Optional[list]:
+    """``_plan`` without the hooks' check or the keeping (explain() asks it)."""
     from torchvision.transforms import v2
 
     out: list = []
@@ -367,7 +368,7 @@ def _plan_of(compose, chain_of: Callable) -> Optional[list]:
         if t._forward_hooks or t._forward_pre_hooks or any(k in t.__dict__ for k in _OWN):
             return None
         if type(t) is v2.Compose:
-            inner = _plan_of(t, chain_of)
+            inner = plan_of(t, chain_of)
             if inner is None:
                 return None
             out += inner

@@ -37,8 +37,8 @@ from torchvision import tv_tensors
 
 from .. import files
 from ..compiler import joint as recorded
-from ..compiler import joint_masks
-from ..compiler.registry import joint_ok
+from ..compiler import joint_chain, joint_masks
+from ..compiler.registry import chain_of, joint_ok
 from ..device import to_device
 from ..errors import NotCompilable, naming_sample
 from . import adapters, discover, pickled
@@ -380,6 +380,10 @@ class DetectionSamples(FileSamples):
                 lines.append(f"  ({', '.join(self.user_steps)}: your own class(es), recorded as they ran on the first "
                              "samples, whose records did not depend on the pixel values; a sample they run "
                              "otherwise on runs as written on the CPU)")
+            if _one_pass(self.joint):
+                lines.append("  (in one pass: every step is a class the pass restates, its boxes moved as NumPy; a "
+                             "sample whose target it does not carry, such as masks or float64 boxes, is recorded "
+                             "step by step: compiler/joint_chain.py)")
             if self.lazy_masks and "Mask" in types:
                 lines.append("  (masks: recorded with the image, then each made in one gather of its source: every "
                              "crop, pad, flip and nearest resize at once, exactly torchvision's)")
@@ -486,6 +490,14 @@ def resolve_user_detection(ds) -> FileSamples:
 
 _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
 _PADS = ("RandomZoomOut", "RandomCrop", "Pad")
+
+
+def _one_pass(joint) -> bool:
+    """Whether the joint transform is (or holds as ``transforms``) a v2 Compose the one pass takes."""
+    from torchvision.transforms import v2
+
+    compose = joint if type(joint) is v2.Compose else getattr(joint, "transforms", None)
+    return type(compose) is v2.Compose and joint_chain.plan_of(compose, chain_of) is not None
 
 
 def _user_class(t) -> bool:
