@@ -1268,10 +1268,22 @@ def test_workers_chunks_in_any_order_give_the_same_epoch(coco, monkeypatch):
                 same_targets(ta, tb)
 
 
+class _HeatDetection(UserDetection):
+    """A user's detection Dataset whose target also holds a large plain tensor (a 200 x 200 float32 map)."""
+
+    def __getitem__(self, i):
+        path, boxes, labels = self.items[i]
+        img = Image.open(path).convert("RGB")
+        target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYWH", canvas_size=(img.height, img.width)),
+                  "labels": torch.tensor(labels), "heat": torch.full((200, 200), float(i))}
+        return self.transforms(img, target)
+
+
 def test_a_sample_whose_target_has_masks_travels_in_smaller_worker_items(coco, voc, monkeypatch):
     """feed.ProcessDecoders: a recorded sample's worker item holds ``CHUNK`` samples (at most a batch), and
-    ``CHUNK_LARGE`` where the target has masks (COCO's instance masks, VOCSegmentation's), whose pieces go
-    through the worker's ring of shared memory; the batches are those of items of one sample each."""
+    ``CHUNK_LARGE`` where the target has masks (COCO's instance masks, VOCSegmentation's), or anything else
+    as large (a user's 160 KB map), whose pieces go through the worker's ring of shared memory; the batches
+    are those of items of one sample each."""
     from presets import DetectionPresetTrain
 
     from gputransforms.backends import feed
@@ -1282,7 +1294,9 @@ def test_a_sample_whose_target_has_masks_travels_in_smaller_worker_items(coco, v
              (wrapped(coco, chain, keys=["boxes", "labels", "masks", "image_id"]), detection_collate, 40,
               feed.ProcessDecoders.CHUNK_LARGE),
              (_voc_segmentation(voc, chain), detection_collate, 40, feed.ProcessDecoders.CHUNK_LARGE),
-             (_voc_segmentation(voc, chain), detection_collate, 5, 5)]
+             (_voc_segmentation(voc, chain), detection_collate, 5, 5),
+             (_HeatDetection(coco, v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip()])), detection_collate, 40,
+              feed.ProcessDecoders.CHUNK_LARGE)]
     assert feed.ProcessDecoders.CHUNK_LARGE < feed.ProcessDecoders.CHUNK
     for ds, collate, batch_size, chunk in cases:
         loader = DataLoader(ds, batch_size=batch_size, collate_fn=collate, device="cpu", num_workers=1, seed=3)

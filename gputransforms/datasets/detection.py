@@ -492,6 +492,20 @@ _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
 _PADS = ("RandomZoomOut", "RandomCrop", "Pad")
 
 
+#: a target of more bytes than this, as a worker pickles it, makes the worker items smaller as masks do
+#: (``feed.ProcessDecoders.CHUNK_LARGE``): two items of 32 such samples ahead would not fit a worker's ring
+#: of shared memory (16 MB), and what does not fit goes through torch's pipe
+LARGE_TARGET = 128 << 10
+
+
+def _travels_large(target) -> bool:
+    """Whether ``target`` (one sample's, before the transform) pickles to more than ``LARGE_TARGET`` bytes."""
+    try:
+        return len(_pickled(target)) > LARGE_TARGET
+    except Exception:  # noqa: BLE001 - something that does not pickle: the worker's own error names it later
+        return False
+
+
 def _one_pass(joint) -> bool:
     """Whether the joint transform is (or holds as ``transforms``) a v2 Compose the one pass takes."""
     from torchvision.transforms import v2
@@ -549,10 +563,11 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
                 ops = (recorded.pixel_blind(joint, size, target, kind) if user else
                        recorded.record(joint, size, target(), kind))[0]
                 samples.lazy_masks = recorded.masks_blind(joint, size, target, kind)
-                leaves = target()
-                leaves = leaves.values() if isinstance(leaves, dict) else [leaves]
-                # (a sample's mask travels beside its file: fewer samples per worker item, feed.ProcessDecoders)
-                samples.large_items = any(isinstance(v, tv_tensors.Mask) for v in leaves)
+                whole = target()
+                leaves = whole.values() if isinstance(whole, dict) else [whole]
+                # (a sample's mask, or any target as large, travels beside its file: fewer samples per worker
+                # item, feed.ProcessDecoders)
+                samples.large_items = any(isinstance(v, tv_tensors.Mask) for v in leaves) or _travels_large(whole)
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
             return dataclasses.replace(program.as_recorded(ops) if user else program, tail=tail)
