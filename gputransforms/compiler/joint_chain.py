@@ -29,12 +29,14 @@ from typing import Any, Callable, Optional
 import numpy as np
 import PIL.Image
 import torch
+from torch.nn.modules import module as _nn_module
 from torch.utils._pytree import tree_is_leaf
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
-from torchvision.transforms.v2._utils import _get_fill
+from torchvision.transforms.v2._utils import _find_labels_default_heuristic, _get_fill
 
 from . import joint_record
+from .joint_forward import sanitize_mask
 
 _BBF = tv_tensors.BoundingBoxFormat
 _FORMATS = (_BBF.XYXY, _BBF.XYWH)
@@ -126,10 +128,10 @@ def _mode(like) -> Any:
     return getattr(like, "clamping_mode", "soft")
 
 
-def _resize_boxes(s: _State, size, max_size=None) -> None:
+def _resize_boxes(s: _State, size) -> None:
     """``resize_bounding_boxes``: the ratios as a float32 tensor of Python's quotients, one multiplication."""
     old_h, old_w = s.canvas
-    new_h, new_w = F._geometry._compute_resized_output_size(s.canvas, size=size, max_size=max_size)
+    new_h, new_w = F._geometry._compute_resized_output_size(s.canvas, size=size, max_size=None)
     if (new_h, new_w) != (old_h, old_w):
         ratios = np.asarray([new_w / old_w, new_h / old_h, new_w / old_w, new_h / old_h], dtype=_F32)
         s.boxes = s.boxes * ratios
@@ -149,11 +151,6 @@ def _flip_boxes(s: _State, horizontal: bool) -> None:
 
 
 # --- the steps: each class's forward on the state ------------------------------------------------------------
-
-def _like_of(s: _State):
-    """What the stand-in's type is, as the fill and dtype lookups by type see it."""
-    return {"pil": PIL.Image.Image, "image": tv_tensors.Image, "tensor": torch.Tensor}[s.kind]
-
 
 def _to_image(t, s: _State) -> None:
     if s.kind == "pil":
@@ -205,23 +202,12 @@ def _probe(s: _State):
 _PROBE = torch.empty((), dtype=torch.uint8)
 
 
-def _resize_with(s: _State, size, interpolation, antialias, max_size=None) -> None:
-    kwargs = dict(size=size, interpolation=interpolation, antialias=antialias)
-    if max_size is not None:
-        kwargs["max_size"] = max_size
-    s.record(F.resize, **kwargs)
+def _resize_drawn(t, s: _State) -> None:
+    """ScaleJitter, RandomShortestSize: the size their draw gives, a resize with their interpolation."""
+    size = _params(t, s)["size"]
+    s.record(F.resize, size=size, interpolation=t.interpolation, antialias=t.antialias)
     if s.moving_boxes():
-        _resize_boxes(s, size, max_size)
-
-
-def _scale_jitter(t, s: _State) -> None:
-    p = _params(t, s)
-    _resize_with(s, p["size"], t.interpolation, t.antialias)
-
-
-def _random_shortest_size(t, s: _State) -> None:
-    p = _params(t, s)
-    _resize_with(s, p["size"], t.interpolation, t.antialias)
+        _resize_boxes(s, size)
 
 
 def _random_crop(t, s: _State) -> None:
@@ -229,7 +215,7 @@ def _random_crop(t, s: _State) -> None:
         raise _Off  # torchvision's ValueError for boxes, as its own forward raises it
     p = _params(t, s)
     if p["needs_pad"]:
-        fill = _get_fill(t._fill, _like_of(s))
+        fill = _get_fill(t._fill, joint_record._KIND_CLASS[s.kind])
         s.record(F.pad, padding=p["padding"], fill=fill, padding_mode=t.padding_mode)
         if s.moving_boxes():
             left, right, top, bottom = F._geometry._parse_pad_padding(p["padding"])
@@ -275,7 +261,7 @@ def _zoom_out(t, s: _State) -> None:
     if torch.rand(1) >= t.p:
         return
     p = _params(t, s)
-    s.record(F.pad, padding=p["padding"], fill=_get_fill(t._fill, _like_of(s)))
+    s.record(F.pad, padding=p["padding"], fill=_get_fill(t._fill, joint_record._KIND_CLASS[s.kind]))
     if s.moving_boxes():
         left, right, top, bottom = F._geometry._parse_pad_padding(p["padding"])
         _pad_boxes(s, left, top, right, bottom)
@@ -296,10 +282,6 @@ def _iou_crop(t, s: _State) -> None:
 
 
 def _sanitize(t, s: _State) -> None:
-    from torchvision.transforms.v2._utils import _find_labels_default_heuristic
-
-    from .joint_forward import sanitize_mask
-
     if not s.moving_boxes() or s.fmt != _BBF.XYXY or t._labels_getter is not _find_labels_default_heuristic:
         raise _Off
     labels = t._labels_getter((None, s.target))
@@ -328,7 +310,7 @@ def steps() -> dict:
 
     return {v2.ToImage: _to_image, v2.PILToTensor: _pil_to_tensor, v2.ToDtype: _to_dtype,
             v2.ToPureTensor: _to_pure_tensor, v2.ConvertBoundingBoxFormat: _convert_format,
-            v2.ScaleJitter: _scale_jitter, v2.RandomShortestSize: _random_shortest_size, v2.RandomCrop: _random_crop,
+            v2.ScaleJitter: _resize_drawn, v2.RandomShortestSize: _resize_drawn, v2.RandomCrop: _random_crop,
             v2.RandomHorizontalFlip: _flip(True), v2.RandomVerticalFlip: _flip(False),
             v2.RandomPhotometricDistort: _photometric_distort, v2.RandomZoomOut: _zoom_out, v2.RandomIoUCrop: _iou_crop,
             v2.SanitizeBoundingBoxes: _sanitize}
@@ -341,9 +323,7 @@ def _plan(compose, chain_of: Callable) -> Optional[list]:
     """(transform, its step) for every transform of ``compose`` (nested v2 Composes flattened), or None where
     one has no step, has hooks, or has its own methods on the instance. Kept per Compose while its list of
     transforms is the same; the hooks are looked at on every call."""
-    from torch.nn.modules import module as nn_module
-
-    if any(getattr(nn_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+    if any(getattr(_nn_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")):
         return None
     ids = tuple(map(id, compose.transforms))
     kept = _PLANS.get(compose)
