@@ -119,6 +119,21 @@ def test_reference_presets_same_draws_same_targets(coco, device, aug, backend):
     assert sorted(ids) == [i + 1 for i in range(48) if i % 7 != 6]  # every annotated image once
 
 
+def _count_passes(monkeypatch) -> list:
+    """[how many samples joint_chain recorded in one pass], counted from now on."""
+    from gputransforms.compiler import joint_chain
+
+    passes = [0]
+    output = joint_chain._output
+
+    def counted(rec, s):
+        passes[0] += 1
+        return output(rec, s)
+
+    monkeypatch.setattr(joint_chain, "_output", counted)
+    return passes
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("aug", ["lsj", "ssd"])
 def test_presets_recorded_in_one_pass_side_by_side(coco, device, aug, monkeypatch):
@@ -126,8 +141,6 @@ def test_presets_recorded_in_one_pass_side_by_side(coco, device, aug, monkeypatc
     classes) are recorded in one pass (compiler/joint_chain.py), and side by side with torch's DataLoader
     from the same seed give torchvision's boxes, labels and image ids exactly, its images within the
     decoders' difference, every annotated image once."""
-    from gputransforms.compiler import joint_chain
-
     if aug == "lsj":
         chain = v2.Compose([v2.ToImage(), v2.ScaleJitter((320, 320)), v2.RandomCrop(
             320, pad_if_needed=True, fill={tv_tensors.Mask: 0, "others": (123.0, 117.0, 104.0)}),
@@ -136,9 +149,7 @@ def test_presets_recorded_in_one_pass_side_by_side(coco, device, aug, monkeypatc
     else:
         chain = DetectionPresetTrain(data_augmentation="ssd", backend="tv_tensor")
     ds = wrapped(coco, chain, keys=["boxes", "labels", "image_id"])
-    passes = [0]
-    monkeypatch.setattr(joint_chain, "_output", lambda rec, s, _o=joint_chain._output: (
-        passes.__setitem__(0, passes[0] + 1), _o(rec, s))[1])
+    passes = _count_passes(monkeypatch)
     assert "in one pass" in DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device).explain()
     ours, theirs = side_by_side(ds, device, seed=5, shuffle=True)
     ids = []
@@ -512,15 +523,11 @@ def test_forwards_while_recorded_are_torchvisions(name, monkeypatch):
     torchvision's kernels or recorded (``lazy_masks``)."""
     from gputransforms.compiler import joint
 
-    from gputransforms.compiler import joint_chain
-
     chain = _forward_chains()[name]
     kind = "image" if "tv_tensor" in name or name == "others" else "pil" if "pil" in name else "tensor"
     gen = torch.Generator().manual_seed(1)
     cropped = 0
-    passes = [0]  # samples recorded in one pass (joint_chain): the rest left it for the step-by-step forwards
-    monkeypatch.setattr(joint_chain, "_output", lambda rec, s, _o=joint_chain._output: (
-        passes.__setitem__(0, passes[0] + 1), _o(rec, s))[1])
+    passes = _count_passes(monkeypatch)  # samples recorded in one pass: the rest were recorded step by step
     for case in range(150):
         image, boxes = _random_boxes(gen, case)
         if case % 11 == 0:
@@ -564,9 +571,10 @@ def test_forwards_while_recorded_are_torchvisions(name, monkeypatch):
 @pytest.mark.parametrize("extra", ["array", "mask", "two-boxes", "hook", "subclass"])
 def test_the_one_pass_leaves_what_it_does_not_carry(extra, monkeypatch):
     """A target value no step of the one pass carries (an array, which ToImage makes an Image; a mask; a second
-    set of boxes), a hook on a step, or a user's subclass among the steps: the Compose's own forward runs, and
-    the record and target are torchvision's."""
-    from gputransforms.compiler import joint, joint_chain
+    set of boxes), a hook on a step (or on a nested Compose, registered after the pass was taken once), or a
+    user's subclass among the steps: the Compose's own forward runs, and the record and target are
+    torchvision's."""
+    from gputransforms.compiler import joint
 
     class Flip(v2.RandomHorizontalFlip):
         pass
@@ -574,11 +582,9 @@ def test_the_one_pass_leaves_what_it_does_not_carry(extra, monkeypatch):
     flip = Flip() if extra == "subclass" else v2.RandomHorizontalFlip()
     if extra == "hook":
         flip.register_forward_hook(lambda module, args, out: None)
-    chain = v2.Compose([v2.PILToTensor(), v2.ToImage(), flip, v2.RandomCrop(40, pad_if_needed=True),
-                        v2.SanitizeBoundingBoxes()])
-    passes = [0]
-    monkeypatch.setattr(joint_chain, "_output", lambda rec, s, _o=joint_chain._output: (
-        passes.__setitem__(0, passes[0] + 1), _o(rec, s))[1])
+    nested = v2.Compose([flip, v2.RandomCrop(40, pad_if_needed=True)])
+    chain = v2.Compose([v2.PILToTensor(), v2.ToImage(), nested, v2.SanitizeBoundingBoxes()])
+    passes = _count_passes(monkeypatch)
 
     def target():
         boxes = tv_tensors.BoundingBoxes(torch.tensor([[1.0, 2.0, 30.0, 40.0], [50.0, 3.0, 58.0, 9.0]]),
@@ -588,6 +594,11 @@ def test_the_one_pass_leaves_what_it_does_not_carry(extra, monkeypatch):
             torch.zeros(2, 50, 60, dtype=torch.uint8))}, "two-boxes": {"more": boxes.clone()}}.get(extra, {}))
         return out
 
+    calls: list = []
+    if extra == "late-nested-hook":
+        joint.record(chain, (50, 60), target(), "pil")
+        assert passes[0] == 1  # taken, and its plan kept
+        nested.register_forward_hook(lambda module, args, out: calls.append(1))
     for case in range(20):
         runs = []
         for fast in (False, True):
@@ -598,7 +609,10 @@ def test_the_one_pass_leaves_what_it_does_not_carry(extra, monkeypatch):
             finally:
                 joint.FAST_FORWARD[0] = True
         assert joint.same(runs[1], runs[0]), (extra, case)
-    assert passes[0] == 0
+    if extra == "late-nested-hook":
+        assert len(calls) == 40  # the hook ran for every sample (the nested Compose's own steps may take the pass)
+    else:
+        assert passes[0] == 0
     if extra == "array":
         assert isinstance(runs[1][1]["extra"], tv_tensors.Image) and runs[1][1]["extra"].shape == (3, 40, 40)
 

@@ -39,7 +39,6 @@ from ..device import map_tensors
 from . import joint_masks
 from .joint_record import (_LOCAL, COLOUR_SLOTS, GEOMETRY, TAIL, Unrecordable, _as_pil_does, _bound,
                            _is_pil_stand_in, _key, _Record, _shape, _shape_after)
-from .joint_record import pil_fill  # noqa: F401 - known by this name in datasets/detection.py
 from .registry import draws, forwards
 
 _QUERIES = ("get_size", "get_dimensions", "get_num_channels", "get_num_frames")

@@ -32,6 +32,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 from torch.utils._pytree import tree_is_leaf
 from torchvision import tv_tensors
+from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import _find_labels_default_heuristic, _get_fill
 
@@ -110,18 +111,25 @@ def _clamp(b: np.ndarray, fmt, canvas: tuple, mode) -> np.ndarray:
     return _from_xyxy(b, fmt)
 
 
-def _pad_boxes(s: _State, left: int, top: int, right: int, bottom: int) -> None:
-    """``pad_bounding_boxes``: the shift as a float32 tensor added, then the clamp on the larger canvas."""
-    shift = [left, top, left, top] if s.fmt == _BBF.XYXY else [left, top, 0, 0]
-    canvas = (s.canvas[0] + top + bottom, s.canvas[1] + left + right)
-    s.boxes, s.canvas = _clamp(s.boxes + np.asarray(shift, dtype=_F32), s.fmt, canvas, _mode(s.like)), canvas
+def _pad(s: _State, padding, fill, padding_mode: str = "constant") -> None:
+    """``F.pad`` on the pair: the image's record; the boxes as ``pad_bounding_boxes`` moves them (the shift
+    as a float32 tensor added, then the clamp on the larger canvas)."""
+    s.record(F.pad, padding=padding, fill=fill, padding_mode=padding_mode)
+    if s.moving_boxes():
+        left, right, top, bottom = F._geometry._parse_pad_padding(padding)
+        shift = [left, top, left, top] if s.fmt == _BBF.XYXY else [left, top, 0, 0]
+        canvas = (s.canvas[0] + top + bottom, s.canvas[1] + left + right)
+        s.boxes, s.canvas = _clamp(s.boxes + np.asarray(shift, dtype=_F32), s.fmt, canvas, _mode(s.like)), canvas
 
 
-def _crop_boxes(s: _State, top: int, left: int, height: int, width: int) -> None:
-    """``crop_bounding_boxes``: the shift as a float32 tensor subtracted, then the clamp on the window."""
-    shift = [left, top, left, top] if s.fmt == _BBF.XYXY else [left, top, 0, 0]
-    canvas = (int(height), int(width))
-    s.boxes, s.canvas = _clamp(s.boxes - np.asarray(shift, dtype=_F32), s.fmt, canvas, _mode(s.like)), canvas
+def _crop(s: _State, top: int, left: int, height: int, width: int) -> None:
+    """``F.crop`` on the pair: the image's record; the boxes as ``crop_bounding_boxes`` moves them (the shift
+    as a float32 tensor subtracted, then the clamp on the window)."""
+    s.record(F.crop, top=top, left=left, height=height, width=width)
+    if s.moving_boxes():
+        shift = [left, top, left, top] if s.fmt == _BBF.XYXY else [left, top, 0, 0]
+        canvas = (int(height), int(width))
+        s.boxes, s.canvas = _clamp(s.boxes - np.asarray(shift, dtype=_F32), s.fmt, canvas, _mode(s.like)), canvas
 
 
 def _mode(like) -> Any:
@@ -215,15 +223,9 @@ def _random_crop(t, s: _State) -> None:
         raise _Off  # torchvision's ValueError for boxes, as its own forward raises it
     p = _params(t, s)
     if p["needs_pad"]:
-        fill = _get_fill(t._fill, joint_record._KIND_CLASS[s.kind])
-        s.record(F.pad, padding=p["padding"], fill=fill, padding_mode=t.padding_mode)
-        if s.moving_boxes():
-            left, right, top, bottom = F._geometry._parse_pad_padding(p["padding"])
-            _pad_boxes(s, left, top, right, bottom)
+        _pad(s, p["padding"], _get_fill(t._fill, joint_record._KIND_CLASS[s.kind]), t.padding_mode)
     if p["needs_crop"]:
-        s.record(F.crop, top=p["top"], left=p["left"], height=p["height"], width=p["width"])
-        if s.moving_boxes():
-            _crop_boxes(s, p["top"], p["left"], p["height"], p["width"])
+        _crop(s, p["top"], p["left"], p["height"], p["width"])
 
 
 def _flip(horizontal: bool) -> Callable:
@@ -260,11 +262,7 @@ def _zoom_out(t, s: _State) -> None:
     """RandomZoomOut (a random-apply transform): its coin, then a pad with the fill for the image's type."""
     if torch.rand(1) >= t.p:
         return
-    p = _params(t, s)
-    s.record(F.pad, padding=p["padding"], fill=_get_fill(t._fill, joint_record._KIND_CLASS[s.kind]))
-    if s.moving_boxes():
-        left, right, top, bottom = F._geometry._parse_pad_padding(p["padding"])
-        _pad_boxes(s, left, top, right, bottom)
+    _pad(s, _params(t, s)["padding"], _get_fill(t._fill, joint_record._KIND_CLASS[s.kind]))
 
 
 def _iou_crop(t, s: _State) -> None:
@@ -276,8 +274,7 @@ def _iou_crop(t, s: _State) -> None:
     p = t.make_params([_probe(s), boxes])
     if len(p) < 1:
         return
-    s.record(F.crop, top=p["top"], left=p["left"], height=p["height"], width=p["width"])
-    _crop_boxes(s, p["top"], p["left"], p["height"], p["width"])
+    _crop(s, p["top"], p["left"], p["height"], p["width"])
     s.boxes[~p["is_within_crop_area"].numpy()] = 0
 
 
@@ -306,8 +303,6 @@ def _sanitize(t, s: _State) -> None:
 
 #: the pass's steps, by exact class (the registry's ``chain`` entries)
 def steps() -> dict:
-    from torchvision.transforms import v2
-
     return {v2.ToImage: _to_image, v2.PILToTensor: _pil_to_tensor, v2.ToDtype: _to_dtype,
             v2.ToPureTensor: _to_pure_tensor, v2.ConvertBoundingBoxFormat: _convert_format,
             v2.ScaleJitter: _resize_drawn, v2.RandomShortestSize: _resize_drawn, v2.RandomCrop: _random_crop,
@@ -341,8 +336,6 @@ _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def plan_of(compose, chain_of: Callable) -> Optional[list]:
     """``_plan`` without the hooks' check or the keeping (explain() asks it)."""
-    from torchvision.transforms import v2
-
     out: list = []
     for t in compose.transforms:
         if t._forward_hooks or t._forward_pre_hooks or any(k in t.__dict__ for k in _OWN):

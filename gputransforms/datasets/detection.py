@@ -37,7 +37,7 @@ from torchvision import tv_tensors
 
 from .. import files
 from ..compiler import joint as recorded
-from ..compiler import joint_chain, joint_masks
+from ..compiler import joint_chain, joint_masks, joint_record
 from ..compiler.registry import chain_of, joint_ok
 from ..device import to_device
 from ..errors import NotCompilable, naming_sample
@@ -529,7 +529,7 @@ def _user_steps(steps: list) -> list:
 
 def _uint8_fill(fill, kind: str) -> tuple:
     """The uint8 values a pad writes for ``fill`` (PIL's kernel first truncates it to integers)."""
-    return recorded.uint8_fill(recorded.pil_fill(fill) if kind == "pil" else fill)
+    return recorded.uint8_fill(joint_record.pil_fill(fill) if kind == "pil" else fill)
 
 
 def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
