@@ -568,7 +568,7 @@ def test_forwards_while_recorded_are_torchvisions(name, monkeypatch):
     assert (40 < passes[0] < 150) if one_pass else passes[0] == 0, (name, passes[0])
 
 
-@pytest.mark.parametrize("extra", ["array", "mask", "two-boxes", "hook", "subclass"])
+@pytest.mark.parametrize("extra", ["array", "mask", "two-boxes", "hook", "late-nested-hook", "subclass"])
 def test_the_one_pass_leaves_what_it_does_not_carry(extra, monkeypatch):
     """A target value no step of the one pass carries (an array, which ToImage makes an Image; a mask; a second
     set of boxes), a hook on a step (or on a nested Compose, registered after the pass was taken once), or a

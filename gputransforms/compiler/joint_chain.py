@@ -316,41 +316,39 @@ _OWN = ("forward", "transform", "make_params", "check_inputs", "_needs_transform
 
 def _plan(compose, chain_of: Callable) -> Optional[list]:
     """(transform, its step) for every transform of ``compose`` (nested v2 Composes flattened), or None where
-    one has no step, has hooks, or has its own methods on the instance. Kept per Compose while its list of
-    transforms is the same; the hooks are looked at on every call."""
+    one has no step, has hooks, or has its own methods on the instance. Kept per Compose while the modules
+    it holds (nested ones included) are the same; their hooks are looked at on every call."""
     if any(getattr(_nn_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")):
         return None
-    ids = tuple(map(id, compose.transforms))
+    modules = list(_modules(compose))
+    ids = tuple(map(id, modules))
     kept = _PLANS.get(compose)
     if kept is None or kept[0] != ids:
         kept = (ids, plan_of(compose, chain_of))
         _PLANS[compose] = kept
-    plan = kept[1]
-    if plan is None or any(t._forward_hooks or t._forward_pre_hooks for t, _ in plan):
+    if kept[1] is None or any(t._forward_hooks or t._forward_pre_hooks for t in modules):
         return None
-    return plan
+    return kept[1]
 
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def plan_of(compose, chain_of: Callable) -> Optional[list]:
-    """``_plan`` without the hooks' check or the keeping (explain() asks it)."""
-    out: list = []
+def _modules(compose):
+    """The transforms of ``compose``, each nested v2 Compose followed by its own."""
     for t in compose.transforms:
-        if t._forward_hooks or t._forward_pre_hooks or any(k in t.__dict__ for k in _OWN):
-            return None
+        yield t
         if type(t) is v2.Compose:
-            inner = plan_of(t, chain_of)
-            if inner is None:
-                return None
-            out += inner
-            continue
-        step = chain_of(type(t))
-        if step is None:
-            return None
-        out.append((t, step))
-    return out
+            yield from _modules(t)
+
+
+def plan_of(compose, chain_of: Callable) -> Optional[list]:
+    """``_plan`` without the keeping (explain() asks it)."""
+    if any(t._forward_hooks or t._forward_pre_hooks or any(k in t.__dict__ for k in _OWN)
+           for t in _modules(compose)):
+        return None
+    out = [(t, chain_of(type(t))) for t in _modules(compose) if type(t) is not v2.Compose]
+    return out if all(step is not None for _, step in out) else None
 
 
 def _boxes_of(target: dict):
