@@ -223,6 +223,53 @@ def test_images_without_annotations_as_torchvision_treats_them(coco):
     assert str(info.value) == f"{ref.value} (sample 6: {Path(coco[0]) / '000006.jpg'})"
 
 
+
+@pytest.mark.parametrize("keys", [None, ["boxes", "labels", "image_id"], ["boxes"], ["labels", "image_id"]])
+def test_coco_targets_restated_are_torchvisions(coco, keys):
+    """The workers' restatement of torchvision's CocoDetection wrapper (datasets/coco_targets.py) gives its
+    target for every image of the fake COCO, annotated or not, and for annotations of other number types; where
+    the annotations are not lists of four Python numbers it makes none (the wrapper then makes it), and for keys
+    beyond the default's (masks) or a wrapper that is not torchvision's it is not used."""
+    from gputransforms.datasets import coco_targets
+
+    ds = wrapped(coco, None, keys=keys, annotated_only=False)
+    make = coco_targets.maker(ds)
+    assert make is not None
+    inner = ds._dataset
+
+    def theirs(k, raw, img):
+        return ds._wrapper(k, (img, raw))[1]
+
+    def same(k, raw, img):
+        ours, ref = make(k, raw, (img.height, img.width)), theirs(k, raw, img)
+        assert ours is not None
+        same_targets(ours, ref)
+        for key, v in ref.items():
+            if isinstance(v, torch.Tensor):
+                assert ours[key].__dict__ == v.__dict__, key
+
+    made = 0
+    for k, image_id in enumerate(inner.ids):
+        with Image.open(Path(coco[0]) / inner.coco.loadImgs(image_id)[0]["file_name"]) as img:
+            raw = inner._load_target(image_id)
+            same(k, raw, img)
+            made += bool(raw)
+    assert made == 42  # (48 images, every seventh without annotations)
+    img = Image.new("RGB", (50, 40))
+    ann = {"bbox": [1, 2, 3, 4], "category_id": 3}
+    for raw in ([ann], [dict(ann, bbox=[1.5, 2, 3, 4.25])], [ann, dict(ann, bbox=[0.1, 0.2, 1e-9, 7.0])], [],
+                [dict(ann, category_id=2.0)]):
+        same(0, raw, img)
+    # boxes of numbers beyond float32's exact integers, of bools, of three numbers: the wrapper makes them
+    for raw in ([dict(ann, bbox=[10**9, 2, 3, 4])], [dict(ann, bbox=[True, 2, 3, 4])], [dict(ann, bbox=[1, 2, 3])]):
+        if keys is None or "boxes" in keys:
+            assert make(0, raw, (40, 50)) is None
+        else:
+            same(0, raw, img)
+    assert make(0, [{"category_id": 1}], (40, 50)) is None  # (an annotation without a box)
+    assert coco_targets.maker(wrapped(coco, None, keys=["boxes", "masks"], annotated_only=False)) is None
+    assert coco_targets.maker(wrapped(coco, None, keys=["boxes", "area"], annotated_only=False)) is None
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_chain_on_pil_images_pads_with_pils_fill(coco, device):
     """A joint transform on PIL images, its fill a float colour (PIL's kernel truncates it to integers):
@@ -511,6 +558,46 @@ def _forward_chains() -> dict:
         chains[f"seg-{backend}"] = SegmentationPresetTrain(base_size=120, crop_size=100, backend=backend)
         chains[f"seg-{backend}-lazy"] = chains[f"seg-{backend}"]
     return chains
+
+
+def test_sized_draws_of_the_one_pass_are_torchvisions():
+    """The one pass's draws on a known size (joint_draws: RandomCrop's, RandomShortestSize's, ScaleJitter's)
+    give what the classes' own make_params give and leave torch's RNG where they leave it, over random canvases
+    and settings; where RandomCrop's raises (a crop larger than the padded image), the pass's gives None."""
+    import random
+
+    from gputransforms.compiler import joint_draws
+
+    rng = random.Random(1)
+    raised = 0
+    for case in range(6000):
+        h, w = rng.randint(1, 900), rng.randint(1, 900)
+        flat = [torch.empty((), dtype=torch.uint8).expand(3, h, w)]
+        kind = case % 3
+        if kind == 0:
+            t = v2.RandomCrop((rng.randint(1, 700), rng.randint(1, 700)), pad_if_needed=rng.random() < 0.7,
+                              padding=rng.choice([None, rng.randint(1, 40), [rng.randint(0, 9), rng.randint(0, 9)],
+                                                  [rng.randint(0, 9) for _ in range(4)]]))
+            ours = functools.partial(joint_draws.random_crop_params, t)
+        elif kind == 1:
+            t = v2.RandomShortestSize([rng.randint(8, 1200) for _ in range(rng.randint(1, 5))],
+                                      max_size=rng.choice([None, rng.randint(100, 2000)]))
+            ours = functools.partial(joint_draws.random_shortest_size, t)
+        else:
+            t = v2.ScaleJitter((rng.randint(16, 2000), rng.randint(16, 2000)), scale_range=(0.1, 2.0))
+            ours = functools.partial(joint_draws.scale_jitter_size, t)
+        torch.manual_seed(case)
+        try:
+            theirs = t.make_params(flat)
+        except ValueError:
+            theirs = None
+            raised += 1
+        state = torch.get_rng_state()
+        torch.manual_seed(case)
+        got = ours(h, w)
+        assert got == (theirs if kind == 0 or theirs is None else theirs["size"]), (case, got, theirs)
+        assert torch.equal(torch.get_rng_state(), state), case
+    assert 100 < raised < 1900
 
 
 @pytest.mark.parametrize("name", list(_forward_chains()))

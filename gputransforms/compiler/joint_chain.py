@@ -10,7 +10,9 @@ loop over a small state: the image's record, its size and type; the boxes as a N
 format, canvas and clamping mode.
 
 Each entry is its class's ``forward`` restated for that state: the class's ``make_params`` draws (its own,
-or the registry's exact ``draw``: the same RNG calls, and its errors as it raises them), the image
+or the registry's exact ``draw``: the same RNG calls, and its errors as it raises them; for RandomCrop,
+ScaleJitter and RandomShortestSize, whose draws read only the image's size, the same draw on the size the pass
+knows, ``joint_draws``, where an error leaves the pass for the class's own forward to raise it), the image
 functional is recorded with the arguments its kernel binds (``joint_record.recorded_op``: the record the
 step-by-step recording makes), and the boxes move by torchvision's box kernels written in NumPy: the same
 float32 operations in the same order, so the same values. The output is what the Compose returns (a
@@ -23,6 +25,7 @@ that the pass took the chains it should (on torchvision 0.29 and 0.26).
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable, Optional
 
@@ -36,8 +39,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import _find_labels_default_heuristic, _get_fill
 
-from . import joint_record
-from .joint_forward import sanitize_mask
+from . import joint_draws, joint_record
 
 _BBF = tv_tensors.BoundingBoxFormat
 _FORMATS = (_BBF.XYXY, _BBF.XYWH)
@@ -212,7 +214,7 @@ _PROBE = torch.empty((), dtype=torch.uint8)
 
 def _resize_drawn(t, s: _State) -> None:
     """ScaleJitter, RandomShortestSize: the size their draw gives, a resize with their interpolation."""
-    size = _params(t, s)["size"]
+    size = _SIZE_DRAWS[type(t)](t, s.h, s.w)
     s.record(F.resize, size=size, interpolation=t.interpolation, antialias=t.antialias)
     if s.moving_boxes():
         _resize_boxes(s, size)
@@ -221,7 +223,9 @@ def _resize_drawn(t, s: _State) -> None:
 def _random_crop(t, s: _State) -> None:
     if t.padding_mode != "constant" and s.moving_boxes():
         raise _Off  # torchvision's ValueError for boxes, as its own forward raises it
-    p = _params(t, s)
+    p = joint_draws.random_crop_params(t, s.h, s.w)
+    if p is None:
+        raise _Off  # its ValueError (a crop larger than the padded image), as its own forward raises it
     if p["needs_pad"]:
         _pad(s, p["padding"], _get_fill(t._fill, joint_record._KIND_CLASS[s.kind]), t.padding_mode)
     if p["needs_crop"]:
@@ -281,24 +285,44 @@ def _iou_crop(t, s: _State) -> None:
 def _sanitize(t, s: _State) -> None:
     if not s.moving_boxes() or s.fmt != _BBF.XYXY or t._labels_getter is not _find_labels_default_heuristic:
         raise _Off
-    labels = t._labels_getter((None, s.target))
-    if labels is None:
-        keys = []
-    elif isinstance(labels, torch.Tensor) and any(labels is v for v in s.target.values()):
-        keys = [next(k for k, v in s.target.items() if v is labels)]
-    else:
-        raise _Off
+    key = _labels_key(tuple(s.target))  # (the default getter's choice depends on the keys alone)
+    if key is None:
+        raise _Off  # its ValueError (no label-like key), as it words it
+    label = s.target[key]
+    if type(label) is not torch.Tensor or sum(v is label for v in s.target.values()) != 1:
+        raise _Off  # its ValueError for labels that are not a tensor; (the one tensor under two keys: its own forward)
     n = len(s.boxes)
-    if any(s.target[k].ndim == 0 or s.target[k].shape[0] != n for k in keys):
+    if label.ndim == 0 or label.shape[0] != n:
         raise _Off  # its ValueError, as it words it
-    valid = sanitize_mask(torch.from_numpy(s.boxes), s.fmt, s.canvas, t.min_size, t.min_area).numpy()
+    valid = _valid(s.boxes, s.canvas, t.min_size, t.min_area)
     s.boxes = s.boxes[valid]
-    if keys:
-        s.target = dict(s.target)
-        for k in keys:  # (a plain CPU tensor indexed by a mask: a new contiguous one, as torch's indexing gives)
-            label = s.target[k]
-            s.target[k] = torch.from_numpy(label.numpy()[valid]) if label.dtype in _NUMPY_INDEXED else \
-                label[torch.from_numpy(valid)]
+    s.target = dict(s.target)
+    # (a plain CPU tensor indexed by a mask: a new contiguous one, as torch's indexing gives)
+    s.target[key] = torch.from_numpy(label.numpy()[valid]) if label.dtype in _NUMPY_INDEXED else \
+        label[torch.from_numpy(valid)]
+
+
+@functools.lru_cache(maxsize=64)
+def _labels_key(keys: tuple):
+    """The key ``_find_labels_default_heuristic`` takes the labels from in a dict with ``keys`` (strings): the
+    first whose lower case is "labels", else the first holding "label"; None where it finds none (it raises)."""
+    if not all(type(k) is str for k in keys):
+        return None
+    return next((k for k in keys if k.lower() == "labels"), None) or next((k for k in keys if "label" in k.lower()), None)
+
+
+def _valid(b: np.ndarray, canvas: tuple, min_size: float, min_area: float) -> np.ndarray:
+    """``_get_sanitize_bounding_boxes_mask`` for float32 XYXY boxes: the same float32 comparisons (a Python
+    number against a float32 tensor is compared in float32), in fewer NumPy operators: widths and heights at
+    least ``min_size``, every coordinate within [0, the canvas's width or height], the area at least ``min_area``."""
+    f32 = _F32
+    wh = b[:, 2:] - b[:, :2]
+    bounds = np.asarray([canvas[1], canvas[0], canvas[1], canvas[0]], dtype=f32)
+    return (wh >= f32(min_size)).all(axis=1) & ((b >= f32(0)) & (b <= bounds)).all(axis=1) & \
+        (wh[:, 0] * wh[:, 1] >= f32(min_area))
+
+
+_SIZE_DRAWS = {v2.ScaleJitter: joint_draws.scale_jitter_size, v2.RandomShortestSize: joint_draws.random_shortest_size}
 
 
 #: the pass's steps, by exact class (the registry's ``chain`` entries)

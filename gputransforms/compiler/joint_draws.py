@@ -149,12 +149,60 @@ def scale_jitter(original: Callable) -> Callable:
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         if torch.get_default_dtype() != torch.float32:
             return original(self, flat_inputs)
-        orig_height, orig_width = query_size(flat_inputs)
-        f32 = np.float32
-        lo, hi = self.scale_range
-        scale = f32(lo) + f32(torch.rand(1).item()) * f32(hi - lo)
-        r = f32(min(self.target_size[1] / orig_height, self.target_size[0] / orig_width)) * scale
-        return dict(size=(int(f32(orig_height) * r), int(f32(orig_width) * r)))
+        return dict(size=scale_jitter_size(self, *query_size(flat_inputs)))
 
     make_params.__wrapped__ = original
     return make_params
+
+
+# --- draws on a known size (``joint_chain``: the one pass knows the image's size; torchvision's ``query_size``
+# over the inputs, which those classes' ``make_params`` begin with, was a third of each step's time there) ---
+
+def scale_jitter_size(t, orig_height: int, orig_width: int) -> tuple:
+    """``ScaleJitter.make_params(...)["size"]`` for an image of that size (float32 default dtype)."""
+    f32 = np.float32
+    lo, hi = t.scale_range
+    scale = f32(lo) + f32(torch.rand(1).item()) * f32(hi - lo)
+    r = f32(min(t.target_size[1] / orig_height, t.target_size[0] / orig_width)) * scale
+    return int(f32(orig_height) * r), int(f32(orig_width) * r)
+
+
+def random_shortest_size(t, orig_height: int, orig_width: int) -> tuple:
+    """``RandomShortestSize.make_params(...)["size"]`` (torchvision 0.26-0.29: Python's arithmetic)."""
+    min_size = t.min_size[int(torch.randint(len(t.min_size), ()))]
+    r = min_size / min(orig_height, orig_width)
+    if t.max_size is not None:
+        r = min(r, t.max_size / max(orig_height, orig_width))
+    return int(orig_height * r), int(orig_width * r)
+
+
+def random_crop_params(t, padded_height: int, padded_width: int) -> Optional[dict]:
+    """``RandomCrop.make_params`` (torchvision 0.26-0.29) for an image of that size; None where it raises
+    (the caller lets torchvision's own forward raise it, before any draw)."""
+    if t.padding is not None:
+        pad_left, pad_right, pad_top, pad_bottom = t.padding
+        padded_height += pad_top + pad_bottom
+        padded_width += pad_left + pad_right
+    else:
+        pad_left = pad_right = pad_top = pad_bottom = 0
+    cropped_height, cropped_width = t.size
+    if t.pad_if_needed:
+        if padded_height < cropped_height:
+            diff = cropped_height - padded_height
+            pad_top += diff
+            pad_bottom += diff
+            padded_height += 2 * diff
+        if padded_width < cropped_width:
+            diff = cropped_width - padded_width
+            pad_left += diff
+            pad_right += diff
+            padded_width += 2 * diff
+    if padded_height < cropped_height or padded_width < cropped_width:
+        return None
+    padding = [pad_left, pad_top, pad_right, pad_bottom]
+    needs_vert_crop, top = (True, int(torch.randint(0, padded_height - cropped_height + 1, size=()))) \
+        if padded_height > cropped_height else (False, 0)
+    needs_horz_crop, left = (True, int(torch.randint(0, padded_width - cropped_width + 1, size=()))) \
+        if padded_width > cropped_width else (False, 0)
+    return dict(needs_crop=needs_vert_crop or needs_horz_crop, top=top, left=left, height=cropped_height,
+                width=cropped_width, needs_pad=any(padding), padding=padding)

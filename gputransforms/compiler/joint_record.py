@@ -174,7 +174,20 @@ def _as_pil_does(name: str, a: dict) -> dict:
 
 def pil_fill(fill):
     """What PIL's pad of an RGB image writes for ``fill``: one integer per channel, each truncated
-    (torchvision's ``_parse_fill``)."""
+    (torchvision's ``_parse_fill``); kept per fill of plain numbers (a pad a sample: 15 us each)."""
+    seq = isinstance(fill, (list, tuple))
+    values = tuple(fill) if seq else (fill,)
+    if all(type(v) in (int, float) for v in values):
+        return _pil_fill(type(fill), values if seq else fill)
+    return _parse_pil_fill(fill)
+
+
+@functools.lru_cache(maxsize=64)
+def _pil_fill(kind: type, value):
+    return _parse_pil_fill(kind(value) if kind in (list, tuple) else value)
+
+
+def _parse_pil_fill(fill):
     from torchvision.transforms import _functional_pil as FP
 
     return FP._parse_fill(fill, _pil_stand_in((1, 1)), name="fill")["fill"]

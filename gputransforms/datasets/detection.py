@@ -41,7 +41,7 @@ from ..compiler import joint_chain, joint_masks, joint_record
 from ..compiler.registry import chain_of, joint_ok
 from ..device import to_device
 from ..errors import NotCompilable, naming_sample
-from . import adapters, discover, pickled
+from . import adapters, coco_targets, discover, pickled
 from .adapters import FileSamples
 from .pickled import Pickled
 
@@ -233,6 +233,7 @@ class DetectionSamples(FileSamples):
 
     def __init__(self, ds, index: list, joint, kind: str, origin: str):
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
+        self.made_target = coco_targets.maker(ds)  # (None: torchvision's wrapper makes every target)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         self._start(ds, [paths[k] for k in index], list(index), joint, kind, origin)
 
@@ -314,8 +315,14 @@ class DetectionSamples(FileSamples):
             return self.target_of(k, img)
 
     def target_of(self, k, img: Image.Image):
-        """The target of the wrapped dataset's sample ``k`` whose image (its header) is ``img``."""
-        return self.ds._wrapper(k, (img, self.raw_target(k)))[1]
+        """The target of the wrapped dataset's sample ``k`` whose image (its header) is ``img``: torchvision's
+        wrapper makes it, or its restatement in ``coco_targets`` the same one."""
+        raw = self.raw_target(k)
+        if self.made_target is not None:
+            made = self.made_target(k, raw, (img.height, img.width))
+            if made is not None:
+                return made
+        return self.ds._wrapper(k, (img, raw))[1]
 
     def sample(self, image: torch.Tensor, i: int):
         """``dataset[i]`` from the decoded image: the joint transform run as written."""
