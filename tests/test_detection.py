@@ -4,6 +4,7 @@ The graph decodes; targets are torchvision's; the joint transform runs per sampl
 kernels, so with the same random draws boxes, labels and masks are exactly torchvision's."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from pathlib import Path
@@ -457,6 +458,51 @@ def test_a_sample_the_graph_cannot_express_is_replayed_with_torchvisions_kernels
             same_targets(ta, tb)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_chain_that_resizes_first_has_no_window_before_the_resize(coco, device):
+    """Where a chain resizes before any other geometry (the lsj and multiscale presets, the segmentation preset),
+    the graph leaves out the window and flips before the resize (JointProgram.first_window); a chain with anything
+    that may move the geometry first keeps them. Side by side with torch's DataLoader the images are torchvision's
+    within the decoders' difference (exactly on the CPU where the resize is the only step), the targets exactly;
+    a record with geometry before the resize gets no row there (the sample would be replayed)."""
+    from gputransforms.compiler import joint
+
+    def program(chain):
+        dl = DataLoader(wrapped(coco, chain, keys=["boxes", "labels", "image_id"]), batch_size=4,
+                        collate_fn=detection_collate, device=device)
+        return dl, dl._backend.files.program
+
+    first = v2.Compose([v2.ToImage(), v2.RandomShortestSize([200, 260, 320], max_size=400),
+                        v2.RandomCrop(180, pad_if_needed=True), v2.RandomHorizontalFlip(),
+                        v2.ToDtype(torch.float32, scale=True)])
+    dl, p = program(first)
+    assert p.resizes and not p.first_window
+    torch.manual_seed(3)
+    ours = list(dl)
+    torch.manual_seed(3)
+    theirs = list(tud.DataLoader(dl.dataset, batch_size=4, collate_fn=detection_collate))
+    assert len(ours) == len(theirs) == 11
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape and (a.cpu() - b).abs().mean() * 255 < (1.0 if device == "cpu" else 3.0)
+            same_targets(ta, tb)
+    for chain in (v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.RandomShortestSize([200])]),
+                  v2.Compose([v2.ToImage(), v2.RandomZoomOut(), v2.Resize(300)]),
+                  v2.Compose([v2.ToImage(), v2.RandomCrop(100), v2.Resize(300)])):
+        assert program(chain)[1].first_window
+    ops = [("resize", dict(size=[50, 60], interpolation=v2.InterpolationMode.BILINEAR, antialias=True), (100, 120)),
+           ("crop", dict(top=1, left=2, height=40, width=40), (50, 60))]
+    p = joint.JointProgram(colour=False, resizes=(("INTERP_LINEAR", True),), fill=(0, 0, 0), tail=(),
+                           first_window=False)
+    assert p.row(ops, (100, 120)) is not None
+    assert p.row([("horizontal_flip", {}, (100, 120))] + ops, (100, 120)) is None
+    assert p.row([("crop", dict(top=0, left=0, height=90, width=120), (100, 120)),
+                  ("resize", dict(size=[50, 60], interpolation=v2.InterpolationMode.BILINEAR, antialias=True),
+                   (90, 120))], (100, 120)) is None
+    assert dataclasses.replace(p, first_window=True).row([("horizontal_flip", {}, (100, 120))] + ops,
+                                                         (100, 120)) is not None
+
+
 def _random_boxes(gen, case: int):
     h, w = (int(v) for v in torch.randint(40, 900, (2,), generator=gen))
     k = int(torch.randint(0, 12, (1,), generator=gen))
@@ -783,6 +829,7 @@ def test_segmentation_reference_preset_is_recorded_with_its_own_pad_class(voc, d
     loader = DataLoader(ds, batch_size=8, collate_fn=segmentation_collate, device=device)
     plan = loader.explain()
     assert "recorded per sample" in plan and "PadIfSmaller: your own class" in plan, plan
+    assert not loader._backend.files.program.first_window  # (RandomResize first: no window before it)
     _segmentation_side_by_side(loader, ds, device)
 
 

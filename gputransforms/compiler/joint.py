@@ -338,6 +338,11 @@ class JointProgram:
     resizes: tuple  # per resize: (interpolation name as DALI's, antialias)
     fill: tuple  # the uint8 fill of every padding (one per graph)
     tail: tuple  # the value ops at the end: ("to_dtype", dtype, scale) / ("normalize", mean, std)
+    #: the graph cuts a window and flips before the first resize; False where the chain resizes before any other
+    #: geometry (ScaleJitter, RandomShortestSize first: the lsj and multiscale presets), and the graph then leaves
+    #: that stage out (a slice and a flip of every full-size image, and their CPU argument operators, a batch);
+    #: a sample whose record has geometry there after all gets no row (``row``: it is replayed)
+    first_window: bool = True
 
     @property
     def width(self) -> int:
@@ -439,6 +444,8 @@ class JointProgram:
                 return None
         if len(stages) != len(self.resizes) or tuple(tail) != self.tail:
             return None
+        if not self.first_window and stages and (stages[0][0] != [0, 0, size[0], size[1]] or any(stages[0][1])):
+            return None  # (geometry before the first resize, which this graph does not do)
         row = []
         if self.colour:
             row += colour + list(perm.ravel())

@@ -121,11 +121,13 @@ def lower(g, step, **_) -> None:
         off = COLOUR_WIDTH
     fill = [float(v) for v in program.fill]
     for k in range(len(program.resizes) + 1):
-        # the stage's six numbers as integers in one cast of one slice of the row, then cut: each operator
-        # here is a CPU operator per batch (element subscripts, stacks and casts were twelve a stage)
-        q = fn.cast(p[off:off + STAGE_WIDTH], dtype=types.INT32)
-        x = fn.slice(x, start=q[0:2], shape=q[2:4], axis_names="HW", out_of_bounds_policy="pad", fill_values=fill)
-        x = fn.flip(x, horizontal=q[4], vertical=q[5])
+        if k > 0 or program.first_window:
+            # the stage's six numbers as integers in one cast of one slice of the row, then cut: each operator
+            # here is a CPU operator per batch (element subscripts, stacks and casts were twelve a stage)
+            q = fn.cast(p[off:off + STAGE_WIDTH], dtype=types.INT32)
+            x = fn.slice(x, start=q[0:2], shape=q[2:4], axis_names="HW", out_of_bounds_policy="pad",
+                         fill_values=fill)
+            x = fn.flip(x, horizontal=q[4], vertical=q[5])
         off += STAGE_WIDTH
         if k < len(program.resizes):
             interp, antialias = program.resizes[k]

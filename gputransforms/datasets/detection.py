@@ -496,6 +496,24 @@ def resolve_user_detection(ds) -> FileSamples:
 
 
 _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
+#: torchvision's classes that move no pixel of the image's geometry (conversions, colour, the value tail, the
+#: boxes' bookkeeping)
+_NO_GEOMETRY = ("ToImage", "PILToTensor", "ToDtype", "ToPureTensor", "ConvertBoundingBoxFormat", "ClampBoundingBoxes",
+                "SanitizeBoundingBoxes", "Normalize", "RandomPhotometricDistort")
+
+
+def _resizes_first(steps: list) -> bool:
+    """Whether the chain resizes (each sample) before any other geometry: only torchvision's classes that move
+    no geometry come before its first resizing class (a user's class or any other may move it)."""
+    for t in steps:
+        name = type(t).__name__
+        if not type(t).__module__.startswith("torchvision."):
+            return False
+        if name in _RESIZES:
+            return True
+        if name not in _NO_GEOMETRY:
+            return False
+    return False
 _PADS = ("RandomZoomOut", "RandomCrop", "Pad")
 
 
@@ -557,7 +575,8 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
     fills = [_uint8_fill(_get_fill(t._fill, image_type), kind) for t in steps
              if type(t).__name__ in _PADS and hasattr(t, "_fill")]
     program = recorded.JointProgram(colour=any(type(t).__name__ == "RandomPhotometricDistort" for t in steps),
-                                    resizes=resizes, fill=fills[0] if fills else (0, 0, 0), tail=())
+                                    resizes=resizes, fill=fills[0] if fills else (0, 0, 0), tail=(),
+                                    first_window=not _resizes_first(steps))
     for i in range(min(8, len(samples))):  # one sample recorded, for the value tail (ToDtype, Normalize)
         try:
             with torch.random.fork_rng(devices=[]), Image.open(samples.paths[i]) as img:
