@@ -496,6 +496,7 @@ def resolve_user_detection(ds) -> FileSamples:
 
 
 _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
+_PADS = ("RandomZoomOut", "RandomCrop", "Pad")
 #: torchvision's classes that move no pixel of the image's geometry (conversions, colour, the value tail, the
 #: boxes' bookkeeping)
 _NO_GEOMETRY = ("ToImage", "PILToTensor", "ToDtype", "ToPureTensor", "ConvertBoundingBoxFormat", "ClampBoundingBoxes",
@@ -514,7 +515,6 @@ def _resizes_first(steps: list) -> bool:
         if name not in _NO_GEOMETRY:
             return False
     return False
-_PADS = ("RandomZoomOut", "RandomCrop", "Pad")
 
 
 #: a target of more bytes than this, as a worker pickles it, makes the worker items smaller as masks do
