@@ -477,6 +477,7 @@ def test_a_chain_that_resizes_first_has_no_window_before_the_resize(coco, device
                         v2.ToDtype(torch.float32, scale=True)])
     dl, p = program(first)
     assert p.resizes and not p.first_window
+    assert "recorded from torchvision's own draws: resize (linear) -> window+flip" in dl.explain(), dl.explain()
     torch.manual_seed(3)
     ours = list(dl)
     torch.manual_seed(3)
@@ -489,7 +490,8 @@ def test_a_chain_that_resizes_first_has_no_window_before_the_resize(coco, device
     for chain in (v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.RandomShortestSize([200])]),
                   v2.Compose([v2.ToImage(), v2.RandomZoomOut(), v2.Resize(300)]),
                   v2.Compose([v2.ToImage(), v2.RandomCrop(100), v2.Resize(300)])):
-        assert program(chain)[1].first_window
+        dl, p = program(chain)
+        assert p.first_window and "window+flip, resize" in dl.explain()
     ops = [("resize", dict(size=[50, 60], interpolation=v2.InterpolationMode.BILINEAR, antialias=True), (100, 120)),
            ("crop", dict(top=1, left=2, height=40, width=40), (50, 60))]
     p = joint.JointProgram(colour=False, resizes=(("INTERP_LINEAR", True),), fill=(0, 0, 0), tail=(),

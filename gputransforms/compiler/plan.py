@@ -421,7 +421,8 @@ def _plan_joint(program) -> Plan:
 
     dtype, scale, shift = affine_of(program.tail)
     parts = (["colour (brightness, contrast, saturation, hue, contrast, channel order)"] if program.colour else []) + \
-        [f"window+flip, resize ({interp[7:].lower()})" for interp, _ in program.resizes] + ["window+flip"]
+        [("window+flip, " if k or program.first_window else "") + f"resize ({interp[7:].lower()})"
+         for k, (interp, _) in enumerate(program.resizes)] + ["window+flip"]
     if program.tail:
         parts.append("dtype/normalize, CHW")
     steps = [Step("decode", {"joint": program.width}, []),
