@@ -40,6 +40,7 @@ from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import _find_labels_default_heuristic, _get_fill
 
 from . import joint_draws, joint_record
+from .joint_forward import valid_xyxy
 
 _BBF = tv_tensors.BoundingBoxFormat
 _FORMATS = (_BBF.XYXY, _BBF.XYWH)
@@ -294,7 +295,7 @@ def _sanitize(t, s: _State) -> None:
     n = len(s.boxes)
     if label.ndim == 0 or label.shape[0] != n:
         raise _Off  # its ValueError, as it words it
-    valid = _valid(s.boxes, s.canvas, t.min_size, t.min_area)
+    valid = valid_xyxy(s.boxes, s.canvas, t.min_size, t.min_area)
     s.boxes = s.boxes[valid]
     s.target = dict(s.target)
     # (a plain CPU tensor indexed by a mask: a new contiguous one, as torch's indexing gives)
@@ -309,17 +310,6 @@ def _labels_key(keys: tuple):
     if not all(type(k) is str for k in keys):
         return None
     return next((k for k in keys if k.lower() == "labels"), None) or next((k for k in keys if "label" in k.lower()), None)
-
-
-def _valid(b: np.ndarray, canvas: tuple, min_size: float, min_area: float) -> np.ndarray:
-    """``_get_sanitize_bounding_boxes_mask`` for float32 XYXY boxes: the same float32 comparisons (a Python
-    number against a float32 tensor is compared in float32), in fewer NumPy operators: widths and heights at
-    least ``min_size``, every coordinate within [0, the canvas's width or height], the area at least ``min_area``."""
-    f32 = _F32
-    wh = b[:, 2:] - b[:, :2]
-    bounds = np.asarray([canvas[1], canvas[0], canvas[1], canvas[0]], dtype=f32)
-    return (wh >= f32(min_size)).all(axis=1) & ((b >= f32(0)) & (b <= bounds)).all(axis=1) & \
-        (wh[:, 0] * wh[:, 1] >= f32(min_area))
 
 
 _SIZE_DRAWS = {v2.ScaleJitter: joint_draws.scale_jitter_size, v2.RandomShortestSize: joint_draws.random_shortest_size}

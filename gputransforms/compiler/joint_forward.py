@@ -157,14 +157,17 @@ def sanitize_mask(boxes: torch.Tensor, fmt, canvas_size: tuple, min_size: float,
     if fmt != tv_tensors.BoundingBoxFormat.XYXY or boxes.dtype != torch.float32 or boxes.device.type != "cpu":
         return F._misc._get_sanitize_bounding_boxes_mask(boxes, format=fmt, canvas_size=canvas_size,
                                                          min_size=min_size, min_area=min_area)
-    b = boxes.numpy()
+    return torch.from_numpy(valid_xyxy(boxes.numpy(), canvas_size, min_size, min_area))
+
+
+def valid_xyxy(b: np.ndarray, canvas_size: tuple, min_size: float, min_area: float) -> np.ndarray:
+    """``_get_sanitize_bounding_boxes_mask`` of float32 XYXY boxes as a NumPy array: widths and heights at least
+    ``min_size``, every coordinate within [0, the canvas's width or height], the area at least ``min_area``."""
     f32 = np.float32
-    ws, hs = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
-    valid = (ws >= f32(min_size)) & (hs >= f32(min_size)) & (b >= f32(0)).all(axis=-1) & (ws * hs >= f32(min_area))
-    image_h, image_w = canvas_size
-    valid &= (b[:, 0] <= f32(image_w)) & (b[:, 2] <= f32(image_w))
-    valid &= (b[:, 1] <= f32(image_h)) & (b[:, 3] <= f32(image_h))
-    return torch.from_numpy(valid)
+    wh = b[:, 2:] - b[:, :2]
+    bounds = np.asarray([canvas_size[1], canvas_size[0], canvas_size[1], canvas_size[0]], dtype=f32)
+    return (wh >= f32(min_size)).all(axis=1) & ((b >= f32(0)) & (b <= bounds)).all(axis=1) & \
+        (wh[:, 0] * wh[:, 1] >= f32(min_area))
 
 
 def form_of(cls: type) -> Optional[Callable[[Callable], Callable]]:
