@@ -197,19 +197,24 @@ def run_epochs(step, make, epochs: int, steps_per_epoch: int = 0) -> dict:
     over the epochs after the first (which holds the start-up and the warm-up), reported apart."""
     loader = make()
     per_epoch = []
+    first_ms = []  # per epoch: from its start (the GPU idle) to its first batch in the loop's hands
     for _ in range(epochs):
         cuda_sync()
-        t0, n = time.perf_counter(), 0
+        t0, n, first = time.perf_counter(), 0, None
         source = (next(loader) for _ in range(steps_per_epoch)) if steps_per_epoch else iter(loader)
         for b in source:
+            if first is None:
+                first = time.perf_counter() - t0
             x, y = b[0], b[1].reshape(-1).long()
             step(x, y)
             n += len(x)
         cuda_sync()
         per_epoch.append((n, time.perf_counter() - t0))
+        first_ms.append(1e3 * (first or 0.0))
     later = per_epoch[1:] or per_epoch
     return dict(img_s=sum(n for n, _ in later) / sum(t for _, t in later), images=sum(n for n, _ in later),
-                first_epoch_img_s=per_epoch[0][0] / per_epoch[0][1], epoch_img_s=[n / t for n, t in per_epoch])
+                first_epoch_img_s=per_epoch[0][0] / per_epoch[0][1], epoch_img_s=[n / t for n, t in per_epoch],
+                first_batch_ms=first_ms)
 
 
 def isolated(a, argv_base: list) -> list:
@@ -237,7 +242,9 @@ def isolated(a, argv_base: list) -> list:
                     r.update(feed=name, process="own")
                     rows.append(r)
                 print(f"  {model_name} {chain} {name} (own process): {got[0].get('img_s', float('nan')):.0f} img/s "
-                      f"(first epoch {got[0].get('first_epoch_img_s', float('nan')):.0f}) {got[0].get('error', '')}",
+                      f"(first epoch {got[0].get('first_epoch_img_s', float('nan')):.0f}; each epoch's first batch "
+                      f"after {', '.join(f'{v:.0f}' for v in got[0].get('first_batch_ms', []))} ms) "
+                      f"{got[0].get('error', '')}",
                       flush=True)
             alone = next((r.get("img_s") for r in rows if r["model"] == model_name and r["chain"] == chain
                           and r["feed"] == "model"), None)

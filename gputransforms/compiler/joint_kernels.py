@@ -160,7 +160,10 @@ def takes(program) -> bool:
     resize. Without the colour block (ssdlite, hflip) the graph's slice and flip stay: the kernels gave those
     presets nothing on an H100 (ssdlite 4,165 / 4,585 / 3,953 img/s in the graph against 4,132 / 3,349 / 3,438,
     hflip 5,219 / 4,938 / 4,512 against 5,234 / 4,152 / 4,207, three alternating rounds), where ssd gained
-    16-20% and half its device memory."""
+    16-20% and half its device memory. Nor where a chain resizes first (lsj, multiscale, the segmentation
+    preset): the graph decoding and resizing and these kernels cutting the window and flips from the resized
+    image ran lsj-v2 5,817 / 5,792 img/s against 5,828 / 6,313 with the graph doing it all, seg 2,927 / 2,779
+    against 3,098 / 2,871, multiscale 5,082 against 5,702 (one H100, alternating; round 3, stop 25)."""
     return program.colour and not program.resizes
 
 
