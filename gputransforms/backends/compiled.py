@@ -8,10 +8,11 @@ own (``feed.PipelineSlot``), so several live iterators each yield a full epoch.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from ..device import cuda_connections_note, late_import_warning, to_device, torc
 from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotCompilable, SkippedSamplesWarning, \
     naming_sample, user_stacklevel
 from ..prepared import PreparedSamples
+from .ahead import next_epoch
 from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads
 from .workers import TorchWorkers
@@ -78,6 +80,7 @@ class CompiledGraph(Backend):
         self.via_pil: set = set()  # samples DALI failed on and PIL decodes: PIL decodes them from then on
         self.pool: Optional[ReaderThreads] = None
         self._max_batch_size: Optional[int] = None
+        self.ahead_missed = False  # the batches read ahead were not the next epoch's once: no more reading ahead
 
     def iterator(self, sampling: Sampling, resume: Optional[state.Position]) -> EpochIterator:
         order = getattr(self.files, "epoch_order", None)
@@ -97,6 +100,10 @@ class CompiledGraph(Backend):
             lines.append(f"  {pin_memory_note(self.settings)}")
         if self.settings.prepared is not None:
             lines.append(f"  {self.settings.prepared.describe()}")
+        if not self.files.extras and self.plan.steps[0].op != "video_decode" and not self.ahead_missed and \
+                getattr(self.files, "epoch_order", None) is None:
+            lines.append("  epochs: as one ends, the next one's first batches are read and decoded ahead where the "
+                         "sampler is torch's own, and used if they are the batches it then draws (backends/ahead.py)")
         return "\n".join(lines + [self.plan.explain(self.settings.device)] + self.files.explain_lines())
 
     def fallback(self) -> Optional[str]:
@@ -111,12 +118,13 @@ class CompiledGraph(Backend):
     # pipelines -----------------------------------------------------------------------------------
     def acquire_slot(self) -> PipelineSlot:
         slot = self.idle.pop() if self.idle else PipelineSlot()
-        slot.drain()
+        if not slot.ahead:  # (one fed on into the next epoch: its iterator's first batch decides)
+            slot.drain()
         return slot
 
     def release_slot(self, slot: PipelineSlot, *, dirty: bool):
         slot.dirty = dirty
-        if not dirty:
+        if not dirty and not slot.ahead:
             slot.epoch = None
         self.idle.append(slot)
 
@@ -157,7 +165,7 @@ class CompiledGraph(Backend):
             self._max_batch_size = size
         return self._max_batch_size
 
-    def new_epoch(self, batches, skipped: list, slot: PipelineSlot) -> EpochFeed:
+    def new_epoch(self, batches, skipped: list, slot: PipelineSlot, ahead: Optional[Callable] = None) -> EpochFeed:
         s, first = self.settings, self.plan.steps[0]
         if first.op == "video_decode" and first.args["decoder"] == "pyav":
             if slot.decoders is None:
@@ -174,7 +182,15 @@ class CompiledGraph(Backend):
                                     seed=slot.seed if s.num_workers > 0 else None)
         return EpochFeed(self.files, batches, self.pool, lookahead=self.lookahead,
                          skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
-                         skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil))
+                         skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil), ahead=ahead)
+
+    def reads_ahead(self, sampling: Sampling) -> Optional[Callable]:
+        """What tells an epoch's feed the next epoch's first batches (``backends.ahead``), or None: where
+        the batches read ahead did not turn out to be the next epoch's once, this loader stops reading
+        ahead (each time would cost the drain of DALI's queue)."""
+        if self.ahead_missed:
+            return None
+        return functools.partial(next_epoch, sampling.index_sampler, sampling.generator, self.lookahead)
 
     def skips(self) -> bool:
         """Whether a bad sample is skipped: the loader's ``on_error``, unless the dataset says what it
@@ -224,6 +240,7 @@ class CompiledIterator(EpochIterator):
 
     def __init__(self, backend: CompiledGraph, sampling: Sampling, resume: Optional[state.Position] = None):
         self.backend = backend
+        self.sampling = sampling
         self.slot = backend.acquire_slot()
         super().__init__(sampling, resume)
         backend.max_batch(sampling)  # before the epoch's iter(): see there
@@ -259,12 +276,17 @@ class CompiledIterator(EpochIterator):
         if self.done:
             raise StopIteration
         b, slot = self.backend, self.slot
+        if self.epoch is None and slot.ahead:
+            self._take_ahead()
         while True:
             pipe = slot.pipe
+            if self.scheduled and self.epoch.handed_out() and self._ended_ahead():
+                raise StopIteration  # this epoch's batches are all out; DALI runs on into the next one's
             try:
                 if not self.scheduled:
                     if self.epoch is None:
-                        self.epoch = slot.epoch = b.new_epoch(self.batches, self.skipped, slot)
+                        self.epoch = slot.epoch = b.new_epoch(self.batches, self.skipped, slot,
+                                                              b.reads_ahead(self.sampling))
                     self.scheduled = True
                     pipe.schedule_run()
                 out = pipe.outputs(self.stream) if self.stream is not None else pipe.outputs()
@@ -350,9 +372,46 @@ class CompiledIterator(EpochIterator):
         self.epoch.stop()
         self.slot.pipe = None
         self.backend.build_pipeline(self.slot, self.seed + len(self.skipped))
-        self.epoch = self.slot.epoch = self.backend.new_epoch(itertools.chain(pending, self.epoch.batches),
-                                                              self.skipped, self.slot)
+        self.epoch = self.slot.epoch = self.backend.new_epoch(itertools.chain(pending, self.epoch.rest()),
+                                                              self.skipped, self.slot,
+                                                              self.backend.reads_ahead(self.sampling))
         self.scheduled = False
+
+    def _take_ahead(self):
+        """This iterator's first batch, on a pipeline that the epoch before fed on into this one: the sampler
+        draws this epoch's first batches now (as torch's iterator draws them), and the feed goes on as this
+        epoch's if they are the ones it read ahead. Otherwise DALI's queue is drained and the epoch starts
+        anew with them (and this loader reads ahead no more)."""
+        slot, feed = self.slot, self.slot.epoch
+        first = list(itertools.islice(self.batches, len(feed.spec) if feed is not None and feed.spec else 0))
+        if feed is not None and feed.adopt(first, self.batches, self.skipped, self.backend.skips(),
+                                           self.backend.reads_ahead(self.sampling)):
+            slot.ahead = False
+            self.epoch, self.scheduled = feed, True  # (DALI's queue holds this epoch's first batches)
+            return
+        if feed is None or not feed.spec_failed:  # other batches than those read ahead
+            self.backend.ahead_missed = True
+        slot.drain()
+        if slot.pipe is None:
+            self.backend.build_pipeline(slot, self.seed)
+        self.batches = itertools.chain(first, self.batches)
+
+    def _ended_ahead(self) -> bool:
+        """The epoch's batches are all handed out and the feed reads on into the next epoch: True, and the
+        slot goes back as it is (its pipeline's queue holds the next epoch's first batches), or False where
+        the feed cannot go on (an error to raise: DALI's queue ends there)."""
+        epoch = self.epoch
+        if epoch.error is not None:
+            return False
+        slot = self.slot
+        if epoch.spec_failed:  # what DALI holds beyond this epoch is dropped; the next epoch starts anew
+            slot.dirty = True
+            slot.drain()
+        else:
+            slot.ahead = True
+        self._release(dirty=False)
+        self._warn_skipped()
+        return True
 
     def _end_of_epoch(self):
         self.done = True
@@ -361,11 +420,14 @@ class CompiledIterator(EpochIterator):
         self._release(dirty=False)
         if epoch.error is not None:
             raise epoch.error
+        self._warn_skipped()
+        raise StopIteration
+
+    def _warn_skipped(self):
         if self.skipped and self.backend.files.warn_skipped:
             shown = "; ".join(f"{e.index}: {e.path} ({e.reason})" for e in self.skipped[:5])
             warnings.warn(f"gputransforms: skipped {len(self.skipped)} sample(s) this epoch "
-                          f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=4)
-        raise StopIteration
+                          f"(DataLoader.skipped lists them): {shown}", SkippedSamplesWarning, stacklevel=5)
 
     def _release(self, *, dirty: bool):
         slot, self.slot = self.slot, None

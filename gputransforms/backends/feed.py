@@ -86,12 +86,20 @@ class _Held:
 class EpochFeed:
     """One pass over the sampler: reads files ahead in threads, feeds DALI, remembers the order.
     ``timeout`` (torch's DataLoader argument; 0: none): seconds a batch's files may take to read before
-    the epoch ends with an error naming the sample whose read stalled."""
+    the epoch ends with an error naming the sample whose read stalled. ``ahead``: once the epoch's last
+    batch is read, the next epoch's first batches (``backends.ahead.next_epoch``), or None; the feed then
+    reads and feeds those on after the epoch's own (``spec``), and the next epoch's iterator takes the feed
+    on (``adopt``) where they are the batches its sampler drew."""
 
     extras: Optional[collections.deque] = None  # what samples gave beside the graph's inputs, per batch fed
+    spec: Optional[list] = None  # the next epoch's batches read so far, once this epoch's are all read
+    spec_in_flight = 0  # of them, fed (the last ones of in_flight)
+    spec_failed = False  # a file of them failed: the next epoch starts anew, and reads it again
+    ended = False  # the callback told DALI the data ended (DALI's queue ends there)
 
     def __init__(self, samples: FileSamples, batches, pool: ReaderThreads, lookahead: int, *, skip: bool,
-                 gpu: bool, check_jpeg_scan: bool, skipped: list, timeout: float = 0, via_pil: frozenset = frozenset()):
+                 gpu: bool, check_jpeg_scan: bool, skipped: list, timeout: float = 0, via_pil: frozenset = frozenset(),
+                 ahead: Optional[Callable[[], Optional[list]]] = None):
         self.samples, self.timeout = samples, timeout
         read = samples.reader(gpu=gpu, check_jpeg_scan=check_jpeg_scan)
         # samples DALI failed on earlier (``via_pil``): decoded by PIL, handed over losslessly
@@ -101,16 +109,19 @@ class EpochFeed:
         self.batches = batches
         self.pool = pool
         self.lookahead = lookahead
+        # (indices, the sample being read, the read's future, whether the batch is the next epoch's)
         self.reading: collections.deque = collections.deque()
         self.in_flight: collections.deque = collections.deque()
         self.stopped = False
         self.skip = skip
         self.skipped = skipped
         self.error: Optional[files.BadSampleError] = None
+        self.ahead = ahead
         self._fill()
 
-    def _read(self, indices, now: list):
-        """Encoded files of one batch; bad files raise, or are dropped and recorded with on_error="skip".
+    def _read(self, indices, now: list, spec: bool = False):
+        """Encoded files of one batch; bad files raise, or are dropped and recorded with on_error="skip"
+        (the next epoch's, read ahead, always raise: the epoch that meets them records them).
         ``now[0]``: the sample being read (for a timeout's error)."""
         data, kept = [], []
         for i in indices:
@@ -119,7 +130,7 @@ class EpochFeed:
                 data.append(self.read_one(i))
                 kept.append(i)
             except files.BadSampleError as e:
-                if not self.skip:
+                if spec or not self.skip:
                     raise
                 self.skipped.append(e)
         return kept, data
@@ -128,9 +139,44 @@ class EpochFeed:
         while not self.stopped and len(self.reading) < self.lookahead:
             indices = next(self.batches, None)
             if indices is None:
-                break
-            indices, now = list(indices), [None]
-            self.reading.append((indices, now, self.pool.submit(self._read, indices, now)))
+                if self.spec is not None or not self._read_on():
+                    break
+                continue
+            indices, now, spec = list(indices), [None], self.spec is not None
+            if spec:
+                self.spec.append(indices)
+            self.reading.append((indices, now, self.pool.submit(self._read, indices, now, spec), spec))
+
+    def _read_on(self) -> bool:
+        """This epoch's batches are all read or being read: go on with the next epoch's first ones, if
+        ``ahead`` knows them."""
+        ahead, self.ahead = self.ahead, None
+        batches = ahead() if ahead is not None else None
+        # (an epoch shorter than that would end in DALI's queue before the next iterator takes the feed on)
+        if not batches or len(batches) < self.lookahead:
+            return False
+        self.spec, self.batches = [], iter(batches)
+        return True
+
+    def handed_out(self) -> bool:
+        """Reading on into the next epoch, and every batch of this one fed and handed out: the iterator
+        ends here, with the next epoch's batches in DALI's queue."""
+        return self.spec is not None and len(self.in_flight) == self.spec_in_flight and \
+            all(spec for _, _, _, spec in self.reading)
+
+    def adopt(self, first: list, batches, skipped: list, skip: bool,
+              ahead: Optional[Callable[[], Optional[list]]]) -> bool:
+        """The next epoch's iterator takes this feed on: ``first`` the batches its sampler drew (as many as
+        were read ahead), ``batches`` the sampler's iterator past them. True where they are the batches read
+        ahead, and this feed then goes on as that epoch's; False (nothing changed) otherwise."""
+        if self.spec is None or self.spec_failed or self.stopped or self.ended or self.error is not None or \
+                [list(b) for b in first] != self.spec:
+            return False
+        self.spec, self.spec_in_flight = None, 0
+        self.reading = collections.deque((i, now, f, False) for i, now, f, _ in self.reading)
+        self.batches, self.skipped, self.skip, self.ahead = batches, skipped, skip, ahead
+        self._fill()
+        return True
 
     def stop(self):
         self.stopped = True
@@ -139,21 +185,36 @@ class EpochFeed:
         """The batch ``kept`` is on the device (its targets' copies queued): nothing here reads in place."""
 
     def pending(self) -> list:
-        """Index batches handed to DALI or being read, in order (to replay after a rebuild)."""
-        return [list(b) for b in self.in_flight] + [b for b, _, _ in self.reading]
+        """This epoch's index batches handed to DALI or being read, in order (to replay after a rebuild)."""
+        fed = list(self.in_flight)[:len(self.in_flight) - self.spec_in_flight]
+        return [list(b) for b in fed] + [b for b, _, _, spec in self.reading if not spec]
+
+    def rest(self):
+        """This epoch's batches not read yet (to replay after a rebuild, after ``pending``)."""
+        return iter(()) if self.spec is not None else self.batches
 
     def next_encoded(self):
         """The external_source callback: the next batch of encoded files, in sampler order."""
+        try:
+            return self._next_encoded()
+        except StopIteration:
+            self.ended = True
+            raise
+
+    def _next_encoded(self):
         while True:
             if self.stopped or not self.reading:
                 raise StopIteration
-            _, now, future = self.reading.popleft()
+            _, now, future, spec = self.reading.popleft()
             try:
                 indices, data = future.result(timeout=self.timeout or None)
-            except files.BadSampleError as e:
-                self.error = e  # raised from the loop by the iterator, not from inside DALI
-                raise StopIteration
-            except FutureTimeout:
+            except (files.BadSampleError, FutureTimeout) as e:
+                if spec:  # a file of the next epoch's: that epoch meets it itself, after a new start
+                    self.spec_failed = self.stopped = True
+                    raise StopIteration
+                if isinstance(e, files.BadSampleError):
+                    self.error = e  # raised from the loop by the iterator, not from inside DALI
+                    raise StopIteration
                 i = now[0]
                 path = self.samples.paths[i] if i is not None else "?"
                 self.error = RuntimeError(f"gputransforms: DataLoader timed out after {self.timeout} seconds: the "
@@ -163,6 +224,7 @@ class EpochFeed:
             self._fill()
             if indices:  # a batch whose every file was skipped is not fed
                 self.in_flight.append(indices)
+                self.spec_in_flight += spec
                 if self.columns > 1:  # one list per output of the external source
                     return tuple(list(col) for col in zip(*data))
                 return data
@@ -516,6 +578,9 @@ class PipelineSlot:
         self.epoch: Optional[EpochFeed] = None
         self.seed: Optional[int] = None  # the iterator's seed (the first one's seeds a slot's worker processes)
         self.dirty = False  # an epoch was left mid-way: DALI may hold prefetched batches of it
+        # the epoch ended with ``epoch`` reading on into the next one (``EpochFeed.spec``): the next iterator
+        # takes it on or drains it (``CompiledIterator._take_ahead``)
+        self.ahead = False
         self.fed: collections.deque = collections.deque()  # the last batches fed, which DALI reads in place
 
     def callback(self, keep: int = 0) -> Callable:
@@ -544,13 +609,15 @@ class PipelineSlot:
     def drain(self):
         """Finish an epoch left mid-way (the user broke out of the loop, or dropped the iterator) so
         that the next one starts clean."""
-        epoch, self.epoch, dirty, self.dirty = self.epoch, None, self.dirty, False
+        epoch, self.epoch, dirty, self.dirty = self.epoch, None, self.dirty or self.ahead, False
+        self.ahead = False
         if epoch is not None:
             epoch.stop()
         if not dirty or self.pipe is None:
             return
         try:
-            self.pipe.schedule_run()  # the callback now raises StopIteration: marks the end
+            if not getattr(epoch, "ended", False):
+                self.pipe.schedule_run()  # the callback now raises StopIteration: marks the end
             while True:
                 self.pipe.outputs()
         except StopIteration:

@@ -1,0 +1,68 @@
+"""Reading on into the next epoch: the first batches the next ``iter(loader)`` will draw, worked out before
+it is called, without drawing them.
+
+A hand-written DALI pipeline's file reader never stops between epochs, so a training loop's first batch
+of an epoch is already decoded when the loop asks for it. Ours starts an epoch's reads when the loop asks
+for its first batch, because torch's samplers draw an epoch's order then (``iter(loader)`` and the first
+``next()``), and that cost 82-113 ms at each epoch's start on an H100 (ResNet-18 and -50 as plain training
+scripts: the whole gap to hand-written DALI there; benchmarks/results/stop25-*.txt).
+
+So when an epoch's last batch is read, the feed asks ``next_epoch`` what the next epoch's first batches
+will be: the draws the next iterator makes (its base seed, then the sampler's order), run on copies of
+the random states, which are then put back as they were. The feed reads and decodes those batches after
+the epoch's own. When the loop does call ``iter(loader)`` again, the sampler draws for real, as torch's
+does, and the batches read ahead are used only if they are exactly the ones it drew
+(``feed.EpochFeed.adopt``): anything that drew from the same random state in between (the loop's own use
+of torch's CPU generator), a ``set_epoch`` other than the next one, a dataset or sampler changed in
+between, makes the two differ, and the batches read ahead are dropped. The order is always the
+sampler's own.
+
+Only samplers whose iteration changes nothing but those random states are worked out ahead: torch's
+BatchSampler over its SequentialSampler, RandomSampler or DistributedSampler (that one for the epoch
+after its current one, as a loop that calls ``set_epoch(epoch)`` sets it). A sampler of the user's own,
+or a subclass, may count its passes or share state between them: its epochs start as they did.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any, Optional
+
+import torch
+import torch.utils.data as tud
+
+_SAMPLERS = (tud.SequentialSampler, tud.RandomSampler, tud.distributed.DistributedSampler)
+
+
+def _next_iterable(index_sampler) -> Optional[Any]:
+    """What the next epoch iterates (a copy where the sampler has an epoch of its own), or None where
+    iterating it ahead could change something other than the random states."""
+    if type(index_sampler) is not tud.BatchSampler or type(index_sampler.sampler) not in _SAMPLERS:
+        return None
+    sampler = index_sampler.sampler
+    if type(sampler) is tud.distributed.DistributedSampler:
+        sampler = copy.copy(sampler)
+        sampler.epoch += 1
+        index_sampler = copy.copy(index_sampler)
+        index_sampler.sampler = sampler
+    return index_sampler
+
+
+def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int) -> Optional[list]:
+    """The first ``k`` index batches of the next epoch, as the next iterator would draw them from the
+    random states as they are now (``compiled.CompiledIterator``: a base seed from ``generator``, then the
+    sampler's order), or None where they cannot be worked out ahead. Draws nothing: torch's CPU generator
+    and every generator involved are as they were afterwards."""
+    iterable = _next_iterable(index_sampler)
+    if iterable is None or k <= 0:
+        return None
+    generators = {id(g): g for g in (generator, getattr(index_sampler.sampler, "generator", None))
+                  if isinstance(g, torch.Generator)}
+    saved = [(g, g.get_state()) for g in generators.values()]
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.empty((), dtype=torch.int64).random_(generator=generator)  # the iterator's base seed
+            return [list(b) for b in itertools.islice(iter(iterable), k)]
+    finally:
+        for g, state in saved:
+            g.set_state(state)

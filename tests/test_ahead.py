@@ -1,0 +1,129 @@
+"""Reading on into the next epoch (backends/ahead.py, feed.EpochFeed.adopt): the batches read ahead are used
+only where they are the ones the next iterator's sampler draws, so every epoch keeps torch's order."""
+import pytest
+import torch
+import torch.utils.data as tud
+
+from gputransforms import DataLoader, SkippedSamplesWarning, datasets
+from gputransforms import transforms as T
+from gputransforms.backends import ahead, compiled, feed
+
+from conftest import DEVICES, decode_index
+from test_files import _bad_folder
+
+INDEX_TF = T.Compose([T.Resize((8, 8)), T.PILToTensor()])
+
+
+@pytest.fixture
+def adoptions(monkeypatch):
+    """What each next epoch's iterator decided: True where it took the feed on, False where it drained it."""
+    seen = []
+    original = feed.EpochFeed.adopt
+
+    def adopt(self, *args, **kwargs):
+        seen.append(original(self, *args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(feed.EpochFeed, "adopt", adopt)
+    return seen
+
+
+def _indices(loader) -> list:
+    return [i for images, _ in loader for i in decode_index(images)[0]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_next_epochs_first_batches_are_read_ahead_and_taken_on(indexed_folder, device, adoptions):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    ours = DataLoader(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7), device=device)
+    theirs = tud.DataLoader(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7))
+    for _ in range(4):
+        assert _indices(ours) == _indices(theirs)
+    assert adoptions == [True, True, True] and "epochs: as one ends" in ours.explain()
+    assert [s.ahead for s in ours._backend.idle] == [True]  # the fifth epoch's first batches are in DALI's queue
+    assert _indices(ours) == _indices(theirs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_loop_that_draws_from_torchs_generator_keeps_torchs_order(indexed_folder, device, adoptions):
+    """Without a generator the sampler draws from torch's global one, which the loop draws from too: the batches
+    read ahead are not the next epoch's, DALI's queue is drained, and the epochs are torch's all the same."""
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+
+    def run(loader) -> list:
+        torch.manual_seed(11)
+        epochs = []
+        for _ in range(3):
+            got = []
+            for k, (images, _) in enumerate(loader):
+                got += decode_index(images)[0]
+                if k == 1:
+                    torch.rand(2)  # the loop's own draw, mid-epoch
+            epochs.append(got)
+        return epochs
+
+    ours = run(DataLoader(ds, batch_size=4, shuffle=True, device=device))
+    assert ours == run(tud.DataLoader(ds, batch_size=4, shuffle=True))
+    assert all(sorted(e) == list(range(len(ds))) for e in ours) and ours[0] != ours[1]
+    assert adoptions == [False]  # then this loader reads ahead no more
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("set_epoch", [True, False])
+def test_distributed_sampler_read_ahead_for_its_next_epoch(indexed_folder, device, set_epoch, adoptions):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    sampler = tud.distributed.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+    loader = DataLoader(ds, batch_size=2, sampler=sampler, device=device)
+    for epoch in range(3):
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        assert _indices(loader) == list(iter(sampler))
+    # the sampler's next epoch is the one after its own: a loop that never calls set_epoch misses once
+    assert adoptions == ([True, True] if set_epoch else [False])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bad_file_in_the_batches_read_ahead_is_met_by_its_own_epoch(tmp_path, photo_folder, device, adoptions,
+                                                                       monkeypatch):
+    """With on_error="skip" the file read ahead is not recorded by the epoch before: that epoch ends as it
+    would (what DALI holds beyond it drained), the next one starts anew, reads the file itself, and records
+    and reports it."""
+    worked_out = []
+
+    def next_epoch(*args):
+        worked_out.append(ahead.next_epoch(*args))
+        return worked_out[-1]
+
+    monkeypatch.setattr(compiled, "next_epoch", next_epoch)
+    root, bad = _bad_folder(tmp_path, photo_folder, "garbage")
+    ds = datasets.ImageFolder(str(root), transform=T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    index = [p for p, _ in ds.samples].index(str(bad))
+    loader = DataLoader(ds, batch_size=2, device=device, on_error="skip")
+    for _ in range(3):
+        with pytest.warns(SkippedSamplesWarning, match=str(bad)):
+            labels = torch.cat([y.cpu() for _, y in loader]).tolist()
+        assert [e.index for e in loader.skipped] == [index]
+        assert labels == [t for i, t in enumerate(ds.targets) if i != index]
+    # each epoch read the next one's first four batches ahead (the bad file is in the third), dropped them
+    assert len(worked_out) == 3 and all(len(b) == 4 and any(index in x for x in b) for b in worked_out)
+    assert adoptions == [] and not loader._backend.ahead_missed  # and it goes on reading ahead
+
+
+def test_next_epoch_draws_nothing_and_knows_only_torchs_samplers(indexed_folder):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    gen = torch.Generator().manual_seed(5)
+    batches = tud.BatchSampler(tud.RandomSampler(ds, generator=gen), 4, False)
+    torch.manual_seed(2)
+    before, global_before = gen.get_state(), torch.get_rng_state()
+    got = ahead.next_epoch(batches, gen, 3)
+    assert torch.equal(gen.get_state(), before) and torch.equal(torch.get_rng_state(), global_before)
+    torch.empty((), dtype=torch.int64).random_(generator=gen)  # the iterator's base seed, then the sampler's order
+    assert got == list(iter(batches))[:3]
+
+    class Counting(tud.RandomSampler):  # a sampler of the user's own: it may keep state between passes
+        pass
+
+    assert ahead.next_epoch(tud.BatchSampler(Counting(ds), 4, False), None, 3) is None
+    assert ahead.next_epoch([[0, 1], [2]], None, 3) is None
+    assert ahead.next_epoch(tud.BatchSampler(tud.SequentialSampler(ds), 4, False), None, 2) == [[0, 1, 2, 3],
+                                                                                               [4, 5, 6, 7]]
