@@ -109,6 +109,26 @@ def test_a_bad_file_in_the_batches_read_ahead_is_met_by_its_own_epoch(tmp_path, 
     assert adoptions == [] and not loader._backend.ahead_missed  # and it goes on reading ahead
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_state_loaded_between_epochs_drops_the_batches_read_ahead(indexed_folder, device):
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+
+    def make():
+        return DataLoader(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3), device=device)
+
+    want = _indices(make())
+    first = make()
+    it = iter(first)
+    next(it), next(it)
+    saved = first.state_dict()
+    del it
+    loader = make()
+    _indices(loader)  # a whole epoch: its pipeline runs on into the next one's first batches
+    assert [s.ahead for s in loader._backend.idle] == [True]
+    loader.load_state_dict(saved)
+    assert _indices(loader) == want[10:]
+
+
 def test_next_epoch_draws_nothing_and_knows_only_torchs_samplers(indexed_folder):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
     gen = torch.Generator().manual_seed(5)

@@ -250,6 +250,8 @@ class CompiledIterator(EpochIterator):
         self.seed = s.seed if s.seed is not None else base_seed % (2 ** 31)
         self.slot.seed = self.seed
         self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
+        if resume is not None and self.slot.ahead:  # a saved position: what was read ahead is not its epoch
+            self.slot.drain()
         if resume is not None and resume.dali is not None:  # random operators go on where the saved pipeline stood
             backend.build_pipeline(self.slot, self.seed + len(self.skipped), checkpoint=resume.dali)
         if self.slot.pipe is None:
