@@ -110,6 +110,27 @@ def test_a_bad_file_in_the_batches_read_ahead_is_met_by_its_own_epoch(tmp_path, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_loop_that_stops_after_len_batches_is_read_ahead(indexed_folder, device, adoptions):
+    """Lightning's loop takes ``len(loader)`` batches and never asks for the StopIteration, keeping the iterator
+    while it makes the next one: the slot goes back with the last batch, the next epoch takes it on, and a
+    position saved after the last batch is the one before (all its batches out, DALI's state after them)."""
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    ours = DataLoader(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(4), device=device)
+    theirs = tud.DataLoader(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(4))
+    kept = []
+    for _ in range(3):
+        it = iter(ours)
+        got = [i for _ in range(len(ours)) for i in decode_index(next(it)[0])[0]]
+        assert got == _indices(theirs)
+        kept.append(it)  # alive while the next epoch starts
+    saved = ours.state_dict()
+    assert saved["batches_yielded"] == len(ours) and saved["global_rng"] is not None
+    assert adoptions == [True, True] and len(ours._backend.idle) == 1
+    with pytest.raises(StopIteration):
+        next(kept[-1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_state_loaded_between_epochs_drops_the_batches_read_ahead(indexed_folder, device):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
 

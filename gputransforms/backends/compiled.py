@@ -267,8 +267,11 @@ class CompiledIterator(EpochIterator):
         self.scheduled = False
         self.first = True
         self.pin = pinning(s)
+        self.final_random: Optional[tuple] = None  # the random state after the last batch, once handed back ahead
 
     def random_state(self) -> tuple:
+        if self.slot is None and self.final_random is not None:  # handed back ahead (``_hand_back_ahead``)
+            return self.final_random
         pipe = self.slot.pipe if self.slot is not None else None
         if pipe is None or self.epoch is None:  # nothing drawn since this iterator started
             return self.resumed_random
@@ -276,6 +279,9 @@ class CompiledIterator(EpochIterator):
 
     def _next(self):
         if self.done:
+            raise StopIteration
+        if self.slot is None and self.final_random is not None:  # its last batch is out, the slot handed back
+            self._warn_skipped()
             raise StopIteration
         b, slot = self.backend, self.slot
         if self.epoch is None and slot.ahead:
@@ -323,7 +329,19 @@ class CompiledIterator(EpochIterator):
             out = self._collate(images, indices, more)
         if more:  # (targets that may view the workers' rings: arena.Rings.register)
             self.epoch.copied(indices, self.dev)
+        if self.epoch.handed_out() and self.epoch.error is None and not self.epoch.spec_failed:
+            self._hand_back_ahead()
         return out
+
+    def _hand_back_ahead(self):
+        """The epoch's last batch is out and DALI runs on into the next epoch's: the slot goes back now, not at
+        the StopIteration a loop that stops after ``len(loader)`` batches never asks for (Lightning's), so that
+        the next iterator finds it. This one still ends at its next ``next()``; its position keeps the random
+        state after its last batch."""
+        self.final_random = self.random_state()
+        slot, self.slot = self.slot, None
+        slot.ahead = True
+        self.backend.release_slot(slot, dirty=False)
 
     def _collate(self, images, indices, more: Optional[dict] = None):
         """The user's collate_fn on what torch would hand it: per-sample (image, target) pairs."""
