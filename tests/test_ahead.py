@@ -69,6 +69,39 @@ def test_a_loop_that_draws_from_torchs_generator_keeps_torchs_order(indexed_fold
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("own_generator", [False, True])
+def test_mixup_in_the_collate_fn_and_the_samplers_generator(indexed_folder, device, own_generator, adoptions):
+    """torchvision's classification reference: MixUp/CutMix in the collate_fn draw from torch's global generator
+    at every batch. A sampler drawing from it too gets other orders than those read ahead (dropped once, then
+    no more reading ahead, explain() says why); with a generator of its own it is read ahead every epoch. The
+    orders and the mixed batches are torch's DataLoader's either way."""
+    from torch.utils.data import default_collate
+    from torchvision.transforms import v2
+
+    ds = datasets.ImageFolder(str(indexed_folder), transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    mix = v2.RandomChoice([v2.MixUp(num_classes=3), v2.CutMix(num_classes=3)])
+
+    def collate(batch):
+        return mix(*default_collate(batch))
+
+    def run(cls, **kw):
+        torch.manual_seed(8)
+        gen = dict(generator=torch.Generator().manual_seed(2)) if own_generator else {}
+        loader = cls(ds, batch_size=4, shuffle=True, collate_fn=collate, **gen, **kw)
+        return loader, [[(x.cpu(), y.cpu()) for x, y in loader] for _ in range(3)]
+
+    ours, got = run(DataLoader, device=device)
+    _, want = run(tud.DataLoader)
+    for e, (a, b) in enumerate(zip(got, want)):
+        assert len(a) == len(b), e
+        for (xa, ya), (xb, yb) in zip(a, b):
+            torch.testing.assert_close(ya, yb)
+            torch.testing.assert_close(xa, xb, atol=1 / 255 + 1e-6, rtol=0)
+    assert adoptions == ([True, True] if own_generator else [False])
+    assert ("no longer read ahead" in ours.explain()) is not own_generator
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("set_epoch", [True, False])
 def test_distributed_sampler_read_ahead_for_its_next_epoch(indexed_folder, device, set_epoch, adoptions):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)

@@ -100,10 +100,15 @@ class CompiledGraph(Backend):
             lines.append(f"  {pin_memory_note(self.settings)}")
         if self.settings.prepared is not None:
             lines.append(f"  {self.settings.prepared.describe()}")
-        if not self.files.extras and self.plan.steps[0].op != "video_decode" and not self.ahead_missed and \
+        if not self.files.extras and self.plan.steps[0].op != "video_decode" and \
                 getattr(self.files, "epoch_order", None) is None:
-            lines.append("  epochs: as one ends, the next one's first batches are read and decoded ahead where the "
-                         "sampler is torch's own, and used if they are the batches it then draws (backends/ahead.py)")
+            lines.append("  epochs: " + (
+                "no longer read ahead: the batches read ahead once differed from those the sampler then drew (it "
+                "draws from torch's global generator, which something else drew from between epochs, such as MixUp "
+                "or CutMix in a collate_fn: a DataLoader generator= keeps its draws apart), or set_epoch was not the "
+                "next epoch" if self.ahead_missed else
+                "as one ends, the next one's first batches are read and decoded ahead where the sampler is torch's "
+                "own, and used if they are the batches it then draws (backends/ahead.py)"))
         return "\n".join(lines + [self.plan.explain(self.settings.device)] + self.files.explain_lines())
 
     def fallback(self) -> Optional[str]:
