@@ -1,5 +1,7 @@
 """Reading on into the next epoch (backends/ahead.py, feed.EpochFeed.adopt): the batches read ahead are used
 only where they are the ones the next iterator's sampler draws, so every epoch keeps torch's order."""
+import shutil
+
 import pytest
 import torch
 import torch.utils.data as tud
@@ -116,30 +118,69 @@ def test_distributed_sampler_read_ahead_for_its_next_epoch(indexed_folder, devic
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_bad_file_in_the_batches_read_ahead_is_met_by_its_own_epoch(tmp_path, photo_folder, device, adoptions,
-                                                                       monkeypatch):
-    """With on_error="skip" the file read ahead is not recorded by the epoch before: that epoch ends as it
-    would (what DALI holds beyond it drained), the next one starts anew, reads the file itself, and records
-    and reports it."""
-    worked_out = []
+@pytest.mark.parametrize("where", ["first", "third"])
+def test_a_bad_file_in_the_batches_read_ahead_is_met_by_its_own_epoch(tmp_path, photo_folder, device, where,
+                                                                       adoptions, monkeypatch):
+    """With on_error="skip" a file read ahead (where a bad one raises) is not recorded by the epoch before.
+    In a batch already fed to DALI ("first"), the epoch before ends as it would (what DALI holds beyond it
+    drained) and the next one starts anew; in one still being read ("third"), the next epoch takes the feed on
+    and reads that batch again, skipping the file. Either way each epoch records and reports it once."""
+    worked_out, failed = [], []
 
     def next_epoch(*args):
         worked_out.append(ahead.next_epoch(*args))
         return worked_out[-1]
 
+    ended = compiled.CompiledIterator._ended_ahead
+
+    def ended_ahead(self):
+        failed.append(self.epoch.spec_failed)
+        return ended(self)
+
     monkeypatch.setattr(compiled, "next_epoch", next_epoch)
+    monkeypatch.setattr(compiled.CompiledIterator, "_ended_ahead", ended_ahead)
     root, bad = _bad_folder(tmp_path, photo_folder, "garbage")
+    if where == "first":
+        bad = bad.rename(root / "a" / "0_bad.jpg")
     ds = datasets.ImageFolder(str(root), transform=T.Compose([T.Resize((32, 32)), T.ToTensor()]))
     index = [p for p, _ in ds.samples].index(str(bad))
-    loader = DataLoader(ds, batch_size=2, device=device, on_error="skip")
+    # (four batches an epoch, four read ahead)
+    loader = DataLoader(ds, batch_size=2, device=device, on_error="skip", prefetch_factor=2)
     for _ in range(3):
         with pytest.warns(SkippedSamplesWarning, match=str(bad)):
             labels = torch.cat([y.cpu() for _, y in loader]).tolist()
         assert [e.index for e in loader.skipped] == [index]
         assert labels == [t for i, t in enumerate(ds.targets) if i != index]
-    # each epoch read the next one's first four batches ahead (the bad file is in the third), dropped them
+    # each epoch read the next one's first four batches ahead, the bad file among them
     assert len(worked_out) == 3 and all(len(b) == 4 and any(index in x for x in b) for b in worked_out)
-    assert adoptions == [] and not loader._backend.ahead_missed  # and it goes on reading ahead
+    if where == "first":
+        assert failed == [True] * 3 and adoptions == [] and not loader._backend.ahead_missed  # (reads ahead on)
+    else:
+        assert failed == [] and adoptions == [True, True]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_epoch_whose_last_batches_are_all_skipped_ends_before_the_next_ones(tmp_path, photo_folder, device,
+                                                                              adoptions):
+    """With on_error="skip" an epoch whose last batches hold only bad files feeds none of them: what DALI holds
+    after its last good batch is the next epoch's, which this epoch must not hand out."""
+    photos = sorted(photo_folder.rglob("*.jpg"))
+    for c, n in (("a", 8), ("b", 4)):
+        (tmp_path / c).mkdir()
+        for k, p in enumerate(photos[:n]):
+            shutil.copy(p, tmp_path / c / f"{k}.jpg")
+    for k in range(4):  # two whole batches of bad files, sorted last
+        (tmp_path / "b" / f"z{k}.jpg").write_bytes(b"not a jpeg")
+    ds = datasets.ImageFolder(str(tmp_path), transform=T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    bad = sorted(i for i, (p, _) in enumerate(ds.samples) if "/z" in p)
+    # (four batches read ahead: the next epoch's first four are good ones)
+    loader = DataLoader(ds, batch_size=2, device=device, on_error="skip", prefetch_factor=2)
+    for _ in range(3):
+        with pytest.warns(SkippedSamplesWarning):
+            labels = torch.cat([y.cpu() for _, y in loader]).tolist()
+        assert labels == [t for i, t in enumerate(ds.targets) if i not in bad]
+        assert sorted(e.index for e in loader.skipped) == bad
+    assert adoptions == [True, True]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -292,9 +292,7 @@ class CompiledIterator(EpochIterator):
         if self.epoch is None and slot.ahead:
             self._take_ahead()
         while True:
-            pipe = slot.pipe
-            if self.scheduled and self.epoch.handed_out() and self._ended_ahead():
-                raise StopIteration  # this epoch's batches are all out; DALI runs on into the next one's
+            pipe, out = slot.pipe, None
             try:
                 if not self.scheduled:
                     if self.epoch is None:
@@ -302,7 +300,9 @@ class CompiledIterator(EpochIterator):
                                                               b.reads_ahead(self.sampling))
                     self.scheduled = True
                     pipe.schedule_run()
-                out = pipe.outputs(self.stream) if self.stream is not None else pipe.outputs()
+                # (where every batch of this epoch is out, what DALI holds next is the next epoch's)
+                if not (self.epoch.handed_out() and self._ended_ahead()):
+                    out = pipe.outputs(self.stream) if self.stream is not None else pipe.outputs()
                 break
             except StopIteration:
                 self._end_of_epoch()
@@ -319,6 +319,8 @@ class CompiledIterator(EpochIterator):
                 slot.pipe = None  # the pipeline object is dead after any error
                 self._release(dirty=False)
                 raise err from e
+        if out is None:
+            raise StopIteration  # this epoch's batches are all out; DALI runs on into the next one's
         indices = self.epoch.in_flight.popleft()
         # what the samples gave beside the graph's inputs (a recorded joint transform's targets)
         more = dict(extras=self.epoch.extras.popleft()) if self.epoch.extras else {}

@@ -109,7 +109,8 @@ class EpochFeed:
         self.batches = batches
         self.pool = pool
         self.lookahead = lookahead
-        # (indices, the sample being read, the read's future, whether the batch is the next epoch's)
+        # (indices, the sample being read, the read's future, whether the batch is the next epoch's, whether it
+        # was read as one: its bad files raise)
         self.reading: collections.deque = collections.deque()
         self.in_flight: collections.deque = collections.deque()
         self.stopped = False
@@ -145,7 +146,7 @@ class EpochFeed:
             indices, now, spec = list(indices), [None], self.spec is not None
             if spec:
                 self.spec.append(indices)
-            self.reading.append((indices, now, self.pool.submit(self._read, indices, now, spec), spec))
+            self.reading.append((indices, now, self.pool.submit(self._read, indices, now, spec), spec, spec))
 
     def _read_on(self) -> bool:
         """This epoch's batches are all read or being read: go on with the next epoch's first ones, if
@@ -162,7 +163,7 @@ class EpochFeed:
         """Reading on into the next epoch, and every batch of this one fed and handed out: the iterator
         ends here, with the next epoch's batches in DALI's queue."""
         return self.spec is not None and len(self.in_flight) == self.spec_in_flight and \
-            all(spec for _, _, _, spec in self.reading)
+            all(entry[3] for entry in self.reading)
 
     def adopt(self, first: list, batches, skipped: list, skip: bool,
               ahead: Optional[Callable[[], Optional[list]]]) -> bool:
@@ -173,7 +174,7 @@ class EpochFeed:
                 [list(b) for b in first] != self.spec:
             return False
         self.spec, self.spec_in_flight = None, 0
-        self.reading = collections.deque((i, now, f, False) for i, now, f, _ in self.reading)
+        self.reading = collections.deque((i, now, f, False, ahead) for i, now, f, _, ahead in self.reading)
         self.batches, self.skipped, self.skip, self.ahead = batches, skipped, skip, ahead
         self._fill()
         return True
@@ -187,7 +188,7 @@ class EpochFeed:
     def pending(self) -> list:
         """This epoch's index batches handed to DALI or being read, in order (to replay after a rebuild)."""
         fed = list(self.in_flight)[:len(self.in_flight) - self.spec_in_flight]
-        return [list(b) for b in fed] + [b for b, _, _, spec in self.reading if not spec]
+        return [list(b) for b in fed] + [entry[0] for entry in self.reading if not entry[3]]
 
     def rest(self):
         """This epoch's batches not read yet (to replay after a rebuild, after ``pending``)."""
@@ -205,9 +206,15 @@ class EpochFeed:
         while True:
             if self.stopped or not self.reading:
                 raise StopIteration
-            _, now, future, spec = self.reading.popleft()
+            batch, now, future, spec, ahead = self.reading.popleft()
             try:
-                indices, data = future.result(timeout=self.timeout or None)
+                try:
+                    indices, data = future.result(timeout=self.timeout or None)
+                except files.BadSampleError:
+                    if spec or not (ahead and self.skip):
+                        raise
+                    # read ahead as the next epoch's, where a bad file raises: this epoch skips it, so read again
+                    indices, data = self._read(batch, now)
             except (files.BadSampleError, FutureTimeout) as e:
                 if spec:  # a file of the next epoch's: that epoch meets it itself, after a new start
                     self.spec_failed = self.stopped = True
