@@ -4,7 +4,7 @@ it is called, without drawing them.
 A hand-written DALI pipeline's file reader never stops between epochs, so a training loop's first batch
 of an epoch is already decoded when the loop asks for it. Ours starts an epoch's reads when the loop asks
 for its first batch, because torch's samplers draw an epoch's order then (``iter(loader)`` and the first
-``next()``), and that cost 82-113 ms at each epoch's start on an H100 (ResNet-18 and -50 as plain training
+``next()``), and that cost 76-294 ms at each epoch's start on an H100 (ResNet-18 and -50 as plain training
 scripts: the whole gap to hand-written DALI there; benchmarks/results/stop25-*.txt).
 
 So when an epoch's last batch is read, the feed asks ``next_epoch`` what the next epoch's first batches

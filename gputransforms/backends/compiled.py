@@ -430,13 +430,12 @@ class CompiledIterator(EpochIterator):
         epoch = self.epoch
         if epoch.error is not None:
             return False
-        slot = self.slot
         if epoch.spec_failed:  # what DALI holds beyond this epoch is dropped; the next epoch starts anew
-            slot.dirty = True
-            slot.drain()
+            self.slot.dirty = True
+            self.slot.drain()
+            self._release(dirty=False)
         else:
-            slot.ahead = True
-        self._release(dirty=False)
+            self._hand_back_ahead()
         self._warn_skipped()
         return True
 

@@ -206,12 +206,12 @@ class EpochFeed:
         while True:
             if self.stopped or not self.reading:
                 raise StopIteration
-            batch, now, future, spec, ahead = self.reading.popleft()
+            batch, now, future, spec, read_as_next = self.reading.popleft()
             try:
                 try:
                     indices, data = future.result(timeout=self.timeout or None)
                 except files.BadSampleError:
-                    if spec or not (ahead and self.skip):
+                    if spec or not (read_as_next and self.skip):
                         raise
                     # read ahead as the next epoch's, where a bad file raises: this epoch skips it, so read again
                     indices, data = self._read(batch, now)

@@ -96,13 +96,6 @@ def _only(applies, x, scalars: list, op):
     return fn._conditional.merge(fn.reshape(op(on, *args), layout="HWC"), off, predicate=applies)
 
 
-def _resize(x, p, off: int, resize: tuple):
-    """The row's resize at ``off`` (height, width), its two numbers in one subscript of the row (each subscript
-    is an operator on the CPU per batch)."""
-    interp, antialias = resize
-    return fn.resize(x, size=p[off:off + RESIZE_WIDTH], interp_type=getattr(types, interp), antialias=antialias)
-
-
 @do_not_convert
 def lower(g, step, **_) -> None:
     program = step.args["program"]
@@ -137,7 +130,9 @@ def lower(g, step, **_) -> None:
             x = fn.flip(x, horizontal=q[4], vertical=q[5])
         off += STAGE_WIDTH
         if k < len(program.resizes):
-            x = _resize(x, p, off, program.resizes[k])
+            interp, antialias = program.resizes[k]
+            # (height, width) in one subscript of the row: each subscript is an operator on the CPU per batch
+            x = fn.resize(x, size=p[off:off + RESIZE_WIDTH], interp_type=getattr(types, interp), antialias=antialias)
             off += RESIZE_WIDTH
     if g.raw_output or not dtype.is_floating_point:
         g.img = fn.transpose(x, perm=[2, 0, 1])  # raw uint8 pixels (the hand-off maps them), CHW
