@@ -152,7 +152,7 @@ def test_a_bad_file_in_the_batches_read_ahead_is_met_by_its_own_epoch(tmp_path, 
         assert [e.index for e in loader.skipped] == [index]
         assert labels == [t for i, t in enumerate(ds.targets) if i != index]
     # each epoch read the next one's first four batches ahead, the bad file among them
-    assert len(worked_out) == 3 and all(len(b) == 4 and any(index in x for x in b) for b in worked_out)
+    assert len(worked_out) == 3 and all(len(b) == 4 and any(index in x for x in b) for _, b in worked_out)
     if where == "first":
         assert failed == [True] * 3 and adoptions == [] and not loader._backend.ahead_missed  # (reads ahead on)
     else:
@@ -232,13 +232,161 @@ def test_next_epoch_draws_nothing_and_knows_only_torchs_samplers(indexed_folder)
     before, global_before = gen.get_state(), torch.get_rng_state()
     got = ahead.next_epoch(batches, gen, 3)
     assert torch.equal(gen.get_state(), before) and torch.equal(torch.get_rng_state(), global_before)
-    torch.empty((), dtype=torch.int64).random_(generator=gen)  # the iterator's base seed, then the sampler's order
-    assert got == list(iter(batches))[:3]
+    base = torch.empty((), dtype=torch.int64).random_(generator=gen).item()  # the iterator's base seed, then the order
+    assert got == (base, list(iter(batches))[:3])
 
     class Counting(tud.RandomSampler):  # a sampler of the user's own: it may keep state between passes
         pass
 
     assert ahead.next_epoch(tud.BatchSampler(Counting(ds), 4, False), None, 3) is None
     assert ahead.next_epoch([[0, 1], [2]], None, 3) is None
-    assert ahead.next_epoch(tud.BatchSampler(tud.SequentialSampler(ds), 4, False), None, 2) == [[0, 1, 2, 3],
-                                                                                               [4, 5, 6, 7]]
+    assert ahead.next_epoch(tud.BatchSampler(tud.SequentialSampler(ds), 4, False), None, 2)[1] == [[0, 1, 2, 3],
+                                                                                                  [4, 5, 6, 7]]
+
+
+# --- the detection workers' path (feed.ProcessEpochFeed): a recorded joint transform, samples seeded one by one ---
+
+@pytest.fixture(scope="module")
+def coco(photo_folder, tmp_path_factory):
+    pytest.importorskip("pycocotools")
+    from gputransforms import sampledata
+
+    return sampledata.write_coco(photo_folder, tmp_path_factory.mktemp("coco"), seed=2)
+
+
+def _detection(coco):
+    """The detection reference's way (wrapped for v2, the images without annotations left out) with a random
+    joint chain of same-size outputs."""
+    import torchvision
+    from torchvision.transforms import v2
+
+    chain = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.ScaleJitter((48, 64), antialias=True),
+                        v2.RandomCrop((48, 64), pad_if_needed=True), v2.ToDtype(torch.float32, scale=True),
+                        v2.SanitizeBoundingBoxes()])
+    ds = torchvision.datasets.CocoDetection(str(coco[0]), str(coco[1]), transforms=chain)
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys=["boxes", "labels", "image_id"])
+    return tud.Subset(ds, [i for i, img_id in enumerate(ds.ids) if ds.coco.getAnnIds(imgIds=img_id)])
+
+
+def _pairs(batch):
+    return tuple(zip(*batch))
+
+
+def _epochs(loader, n: int, draw_between: bool = False) -> list:
+    """Per epoch: (image ids, images, boxes, labels) in the order the loader gave them."""
+    out = []
+    for _ in range(n):
+        ids, images, boxes, labels = [], [], [], []
+        for ims, targets in loader:
+            ids += [t["image_id"] for t in targets]
+            images += [im.cpu() for im in ims]
+            boxes += [t["boxes"].cpu() for t in targets]
+            labels += [t["labels"].cpu() for t in targets]
+        out.append((ids, images, boxes, labels))
+        if draw_between:
+            torch.rand(2)  # the loop's own draw from torch's generator, after the epoch was read ahead
+    return out
+
+
+@pytest.fixture
+def process_adoptions(monkeypatch):
+    seen = []
+    original = feed.ProcessEpochFeed.adopt
+
+    def adopt(self, *args, **kwargs):
+        seen.append(original(self, *args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(feed.ProcessEpochFeed, "adopt", adopt)
+    return seen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_workers_read_the_next_epoch_ahead(coco, device, process_adoptions, monkeypatch):
+    """The workers record the next epoch's first batches as an epoch ends; each later epoch takes them on, and
+    gives what the same loader gives without reading ahead (the same samples, draws, boxes and labels), in the
+    order of torch's DataLoader."""
+    ds = _detection(coco)
+
+    def loader():
+        return DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(5),
+                          collate_fn=_pairs, device=device)
+
+    ahead_epochs = _epochs(loader(), 4)
+    assert process_adoptions == [True, True, True]
+    monkeypatch.setattr(compiled.CompiledGraph, "reads_ahead", lambda self, sampling: None)
+    plain_epochs = _epochs(loader(), 4)
+    assert process_adoptions == [True, True, True]  # (none read ahead: nothing to take on)
+    torch_ids = [[t["image_id"] for _, targets in tud.DataLoader(ds, batch_size=4, shuffle=True, collate_fn=_pairs,
+                                                                  generator=g) for t in targets]
+                 for g in [torch.Generator().manual_seed(5)] for _ in range(4)]
+    for (ids, images, boxes, labels), (ids2, images2, boxes2, labels2), theirs in zip(ahead_epochs, plain_epochs,
+                                                                                      torch_ids):
+        assert ids == ids2 == theirs and sorted(ids) == sorted(set(ids))
+        assert all(torch.equal(a, b) for a, b in zip(images, images2))
+        assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))
+        assert all(torch.equal(a, b) for a, b in zip(labels, labels2))
+    assert ahead_epochs[0][0] != ahead_epochs[1][0]
+    assert not all(torch.equal(a, b) for a, b in zip(ahead_epochs[0][2], ahead_epochs[1][2]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_workers_drop_what_the_loop_made_wrong(coco, device, process_adoptions):
+    """Without a generator the sampler draws from torch's global one, which the loop draws from between epochs:
+    the batches the workers read ahead are not the next epoch's, they are dropped, and the epochs keep torch's
+    order (its DataLoader with workers, whose main process draws what ours does) and every sample once."""
+    ds = _detection(coco)
+    torch.manual_seed(11)
+    ours = _epochs(DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, collate_fn=_pairs, device=device), 3,
+                   draw_between=True)
+    torch.manual_seed(11)
+    theirs = [e[0] for e in _epochs(tud.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, collate_fn=_pairs),
+                                    3, draw_between=True)]
+    assert [e[0] for e in ours] == theirs and all(sorted(e) == sorted(theirs[0]) for e in theirs)
+    assert theirs[0] != theirs[1]
+    assert process_adoptions == [False]  # then this loader reads ahead no more
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_bad_file_in_the_batches_read_ahead_is_met_by_its_own_epoch(tmp_path, coco, device,
+                                                                               process_adoptions):
+    """With on_error="skip", a file PIL cannot open in the first batch, which the workers read ahead as each epoch
+    ends: the epoch before does not record it, the next one starts anew and skips and reports it, once an
+    epoch; every other sample comes once an epoch."""
+    shutil.copytree(coco[0], tmp_path / "images")
+    ds = _detection((tmp_path / "images", coco[1]))
+    bad = tmp_path / "images" / ds.dataset.coco.loadImgs(ds.dataset.ids[ds.indices[0]])[0]["file_name"]
+    bad.write_bytes(b"not an image at all")
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_pairs, device=device, on_error="skip")
+    want = [ds.dataset.ids[i] for i in ds.indices[1:]]
+    for _ in range(3):
+        with pytest.warns(SkippedSamplesWarning, match=str(bad)):
+            got = [t["image_id"] for _, targets in loader for t in targets]
+        assert got == want and [e.index for e in loader.skipped] == [0]
+    assert process_adoptions == [] and not loader._backend.ahead_missed  # (failed ahead, not missed: reads ahead on)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_samples_seeded_as_their_epoch_would_seed_them(coco, device, process_adoptions, monkeypatch):
+    """Each sample read ahead draws from the seed the next iterator takes from the loader's generator: where
+    that generator is drawn from between epochs, and the sampler's own is not (the same order), the batches
+    read ahead are dropped and the epochs are what they are without reading ahead."""
+    ds = _detection(coco)
+
+    def epochs():
+        loader_gen, order_gen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+        loader = DataLoader(ds, batch_size=4, sampler=tud.RandomSampler(ds, generator=order_gen), num_workers=2,
+                            generator=loader_gen, collate_fn=_pairs, device=device)
+        out = []
+        for _ in range(3):
+            out.append(_epochs(loader, 1)[0])
+            torch.rand(1, generator=loader_gen)  # the next iterator's base seed is another than the one worked out
+        return out
+
+    ahead_epochs = epochs()
+    assert process_adoptions == [False]
+    monkeypatch.setattr(compiled.CompiledGraph, "reads_ahead", lambda self, sampling: None)
+    for (ids, images, boxes, _), (ids2, images2, boxes2, _) in zip(ahead_epochs, epochs()):
+        assert ids == ids2
+        assert all(torch.equal(a, b) for a, b in zip(images, images2))
+        assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))

@@ -282,7 +282,7 @@ def test_ring_space_a_batch_viewed_in_place_is_released_only_after_its_copies(mo
 
 
 def _batches_from(flat, returned: list) -> list:
-    """ProcessEpochFeed._next_batch over ``flat``'s batches, its chunks ``returned`` by the workers in that order
+    """ProcessEpochFeed._assemble over ``flat``'s batches, its chunks ``returned`` by the workers in that order
     (each result: the chunk's place and one item per index): (batch, the indices of its items) in turn."""
     import types
 
@@ -293,7 +293,7 @@ def _batches_from(flat, returned: list) -> list:
     ep.it = iter([(seq, [("r", i) for i in idx]) for _, seq, idx in returned])
     got = []
     while True:
-        batch, items = ep._next_batch()
+        batch, items = ep._assemble()
         if batch is None:
             assert not ep.waiting and not flat.pulled and not flat.starts
             return got
@@ -301,7 +301,7 @@ def _batches_from(flat, returned: list) -> list:
 
 
 def test_chunks_returned_out_of_order_make_the_batches_in_order():
-    """ProcessEpochFeed._next_batch: the workers' chunks come back as they are done (torch's in_order=False,
+    """ProcessEpochFeed._assemble: the workers' chunks come back as they are done (torch's in_order=False,
     set for recorded joint transforms, whose samples draw from seeds of their own); each batch is made of its
     own chunks, in the sampler's order, the chunks of later batches kept until theirs is next."""
     from gputransforms.backends import feed

@@ -10,7 +10,9 @@ scripts: the whole gap to hand-written DALI there; benchmarks/results/stop25-*.t
 So when an epoch's last batch is read, the feed asks ``next_epoch`` what the next epoch's first batches
 will be: the draws the next iterator makes (its base seed, then the sampler's order), run on copies of
 the random states, which are then put back as they were. The feed reads and decodes those batches after
-the epoch's own. When the loop does call ``iter(loader)`` again, the sampler draws for real, as torch's
+the epoch's own; a detection loader's workers (``feed.ProcessEpochFeed``) record them, each sample seeded
+from the next iterator's seed as its epoch will seed it, and the next iterator takes them on only if it
+draws that seed too. When the loop does call ``iter(loader)`` again, the sampler draws for real, as torch's
 does, and the batches read ahead are used only if they are exactly the ones it drew
 (``feed.EpochFeed.adopt``): anything that drew from the same random state in between (the loop's own use
 of torch's CPU generator), a ``set_epoch`` other than the next one, a dataset or sampler changed in
@@ -48,11 +50,11 @@ def _next_iterable(index_sampler) -> Optional[Any]:
     return index_sampler
 
 
-def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int) -> Optional[list]:
-    """The first ``k`` index batches of the next epoch, as the next iterator would draw them from the
-    random states as they are now (``compiled.CompiledIterator``: a base seed from ``generator``, then the
-    sampler's order), or None where they cannot be worked out ahead. Draws nothing: torch's CPU generator
-    and every generator involved are as they were afterwards."""
+def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int) -> Optional[tuple]:
+    """(the next iterator's base seed, the first ``k`` index batches of the next epoch), as the next iterator
+    would draw them from the random states as they are now (``compiled.CompiledIterator``: a base seed from
+    ``generator``, then the sampler's order), or None where they cannot be worked out ahead. Draws nothing:
+    torch's CPU generator and every generator involved are as they were afterwards."""
     iterable = _next_iterable(index_sampler)
     if iterable is None or k <= 0:
         return None
@@ -61,8 +63,8 @@ def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int) -> O
     saved = [(g, g.get_state()) for g in generators.values()]
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.empty((), dtype=torch.int64).random_(generator=generator)  # the iterator's base seed
-            return [list(b) for b in itertools.islice(iter(iterable), k)]
+            base = torch.empty((), dtype=torch.int64).random_(generator=generator).item()  # the iterator's base seed
+            return base, [list(b) for b in itertools.islice(iter(iterable), k)]
     finally:
         for g, state in saved:
             g.set_state(state)

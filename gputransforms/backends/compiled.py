@@ -100,7 +100,7 @@ class CompiledGraph(Backend):
             lines.append(f"  {pin_memory_note(self.settings)}")
         if self.settings.prepared is not None:
             lines.append(f"  {self.settings.prepared.describe()}")
-        if not self.files.extras and self.plan.steps[0].op != "video_decode" and \
+        if (not self.files.extras or self.settings.num_workers > 0) and self.plan.steps[0].op != "video_decode" and \
                 getattr(self.files, "epoch_order", None) is None:
             lines.append("  epochs: " + (
                 "no longer read ahead: the batches read ahead once differed from those the sampler then drew (it "
@@ -181,21 +181,24 @@ class CompiledGraph(Backend):
             if slot.decoders is None:
                 slot.decoders = ProcessDecoders(self.files, s.num_workers, lookahead=self.lookahead,
                                                 timeout=s.timeout, gpu=s.device == "gpu", seed=slot.seed)
-            # with workers each sample draws from a seed of its own (with none, from torch's RNG in this
-            # thread, as torch's DataLoader with no workers does)
+            # with workers each sample draws from a seed of its own, and the next epoch can be read ahead (with
+            # none, from torch's RNG in this thread as they are read, as torch's DataLoader with no workers does,
+            # which reading them ahead would move)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped,
-                                    seed=slot.seed if s.num_workers > 0 else None)
+                                    seed=slot.seed if s.num_workers > 0 else None,
+                                    ahead=ahead if s.num_workers > 0 else None)
         return EpochFeed(self.files, batches, self.pool, lookahead=self.lookahead,
                          skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
                          skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil), ahead=ahead)
 
     def reads_ahead(self, sampling: Sampling) -> Optional[Callable]:
-        """What tells an epoch's feed the next epoch's first batches (``backends.ahead``), or None: where
-        the batches read ahead did not turn out to be the next epoch's once, this loader stops reading
-        ahead (each time would cost the drain of DALI's queue)."""
+        """What tells an epoch's feed (the next iterator's seed, the next epoch's first batches)
+        (``backends.ahead``), or None: where the batches read ahead did not turn out to be the next epoch's once,
+        this loader stops reading ahead (each time would cost the drain of DALI's queue)."""
         if self.ahead_missed:
             return None
-        return functools.partial(next_epoch, sampling.index_sampler, sampling.generator, self.lookahead)
+        return functools.partial(_seeded_next_epoch, sampling.index_sampler, sampling.generator, self.lookahead,
+                                 self.settings.seed)
 
     def skips(self) -> bool:
         """Whether a bad sample is skipped: the loader's ``on_error``, unless the dataset says what it
@@ -237,6 +240,15 @@ def declared_batch_size(batch_sampler, depth: int = 4) -> Optional[int]:
             return size
         batch_sampler, depth = getattr(batch_sampler, "batch_sampler", None), depth - 1
     return None
+
+
+def _seeded_next_epoch(index_sampler, generator, k: int, fixed: Optional[int]) -> Optional[tuple]:
+    """``ahead.next_epoch`` with the base seed made the iterator's seed as ``CompiledIterator`` makes it."""
+    got = next_epoch(index_sampler, generator, k)
+    if got is None:
+        return None
+    base, batches = got
+    return (fixed if fixed is not None else base % (2 ** 31)), batches
 
 
 class CompiledIterator(EpochIterator):
@@ -412,7 +424,7 @@ class CompiledIterator(EpochIterator):
         slot, feed = self.slot, self.slot.epoch
         first = list(itertools.islice(self.batches, len(feed.spec) if feed is not None and feed.spec else 0))
         if feed is not None and feed.adopt(first, self.batches, self.skipped, self.backend.skips(),
-                                           self.backend.reads_ahead(self.sampling)):
+                                           self.backend.reads_ahead(self.sampling), seed=self.seed):
             slot.ahead = False
             self.epoch, self.scheduled = feed, True  # (DALI's queue holds this epoch's first batches)
             return

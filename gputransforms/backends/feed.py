@@ -152,11 +152,11 @@ class EpochFeed:
         """This epoch's batches are all read or being read: go on with the next epoch's first ones, if
         ``ahead`` knows them."""
         ahead, self.ahead = self.ahead, None
-        batches = ahead() if ahead is not None else None
+        got = ahead() if ahead is not None else None  # (the next iterator's seed, its first batches)
         # (an epoch shorter than that would end in DALI's queue before the next iterator takes the feed on)
-        if not batches or len(batches) < self.lookahead:
+        if not got or len(got[1]) < self.lookahead:
             return False
-        self.spec, self.batches = [], iter(batches)
+        self.spec, self.batches = [], iter(got[1])
         return True
 
     def handed_out(self) -> bool:
@@ -166,10 +166,10 @@ class EpochFeed:
             all(entry[3] for entry in self.reading)
 
     def adopt(self, first: list, batches, skipped: list, skip: bool,
-              ahead: Optional[Callable[[], Optional[list]]]) -> bool:
+              ahead: Optional[Callable[[], Optional[tuple]]], seed: Optional[int] = None) -> bool:
         """The next epoch's iterator takes this feed on: ``first`` the batches its sampler drew (as many as
-        were read ahead), ``batches`` the sampler's iterator past them. True where they are the batches read
-        ahead, and this feed then goes on as that epoch's; False (nothing changed) otherwise."""
+        were read ahead), ``batches`` the sampler's iterator past them, ``seed`` its seed. True where they are
+        the batches read ahead, and this feed then goes on as that epoch's; False (nothing changed) otherwise."""
         if self.spec is None or self.spec_failed or self.stopped or self.ended or self.error is not None or \
                 [list(b) for b in first] != self.spec:
             return False
@@ -301,6 +301,11 @@ class _Flat(tud.Sampler):
         # that an epoch's draws do not depend on which worker takes which sample
         self.seed: Optional[int] = None
         self.epoch = 0  # each chunk goes out with it (arena.Rings: what a worker wrote before is free)
+        self.offset = 0  # the place in the epoch of the first sample of ``batches`` (an epoch taken on: the rest)
+        # asked once ``batches`` run out: (the next epoch's seed, its first batches) to go on with, or None
+        # (``ProcessEpochFeed._read_on``); ``own`` then holds how many batches were this epoch's
+        self.more: Optional[Callable[[], Optional[tuple]]] = None
+        self.own: Optional[int] = None
 
     def size(self, k: int) -> int:
         """Samples per chunk of the epoch's ``k``-th batch: ``chunk`` halved for each of the first ``ramp``
@@ -308,18 +313,26 @@ class _Flat(tud.Sampler):
         return max(1, self.chunk >> max(0, self.ramp - k))
 
     def __iter__(self):
-        n, seq = 0, 0
-        for j, b in enumerate(self.batches):
-            b = list(b)
-            size = self.size(j)
-            self.pulled.append(b)
-            self.starts.append((seq, -(-len(b) // size)))
-            if self.seed is not None:
-                b = [(i, (self.seed * 1_000_003 + n + k) % (2 ** 63)) for k, i in enumerate(b)]
-                n += len(b)
-            for k in range(0, len(b), size):
-                yield self.epoch, seq, b[k:k + size]
-                seq += 1
+        n, seq, seed, batches, count = self.offset, 0, self.seed, self.batches, 0
+        while True:
+            for j, b in enumerate(batches):
+                b = list(b)
+                size = self.size(j)
+                self.pulled.append(b)
+                self.starts.append((seq, -(-len(b) // size)))
+                count += 1
+                if seed is not None:
+                    b = [(i, (seed * 1_000_003 + n + k) % (2 ** 63)) for k, i in enumerate(b)]
+                    n += len(b)
+                for k in range(0, len(b), size):
+                    yield self.epoch, seq, b[k:k + size]
+                    seq += 1
+            more, self.more = self.more, None
+            got = more() if more is not None else None
+            if got is None:
+                return
+            # on into the next epoch: its seed, its samples' places from 0, its first chunks small again
+            self.own, (seed, batches), n = count, got, 0
 
 
 #: the arguments this torch's DataLoader takes (``in_order`` since torch 2.6)
@@ -405,14 +418,20 @@ class ProcessDecoders:
         self.lookahead = lookahead  # batches fed ahead of the one DALI runs (the slot's callback keeps as many)
         self.close = weakref.finalize(self, _stop_workers, self.dl, self.rings)
 
-    def epoch(self, batches, seed: Optional[int] = None):
+    def epoch(self, batches, seed: Optional[int] = None, offset: Optional[int] = None):
+        """A new torch iterator over ``batches``, each sample seeded from ``seed`` and its place in the epoch.
+        ``offset`` (an epoch taken on, ``ProcessEpochFeed.adopt``): the rest of an epoch whose first batches
+        came through the iterator before, at that place; its chunks keep that epoch's number (the rings'
+        space, which DALI may still read, stays counted)."""
         self.flat.batches = batches
         self.flat.pulled.clear()
         self.flat.starts.clear()
         self.flat.seed = seed
-        self.flat.epoch += 1
-        if self.rings:  # its workers write over all that was written before: what reads it in place has run
-            self.rings.wait_for_copies()
+        self.flat.offset, self.flat.more, self.flat.own = offset or 0, None, None
+        if offset is None:
+            self.flat.epoch += 1
+            if self.rings:  # its workers write over all that was written before: what reads it in place has run
+                self.rings.wait_for_copies()
         if self.dl._iterator is None:  # workers are forked now: garbage (a dropped pipeline) goes first
             gc.collect()
             if self.rings:
@@ -452,7 +471,8 @@ class ProcessEpochFeed(EpochFeed):
     memory; the batches are fed in sampler order (a recorded joint transform's chunks come back in any
     order: ``_next_batch``)."""
 
-    def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list, seed: Optional[int] = None):
+    def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list, seed: Optional[int] = None,
+                 ahead: Optional[Callable[[], Optional[tuple]]] = None):
         self.batches = batches
         self.in_flight = collections.deque()
         self.extras: collections.deque = collections.deque()  # beside in_flight, where samples give extras
@@ -463,21 +483,72 @@ class ProcessEpochFeed(EpochFeed):
         self.decoders = decoders
         self.held: collections.deque = collections.deque()  # a _Held per batch fed from the rings, not yet released
         self.waiting: dict = {}  # chunks returned ahead of a batch before theirs, by their place in the epoch
+        self.ready: collections.deque = collections.deque()  # (batch, results) taken on with the epoch (``adopt``)
+        self.assembled = 0  # batches taken from the workers' current iterator so far (not from ``ready``)
+        self.ahead, self.spec_seed = ahead, None
         self.it = decoders.epoch(batches, seed)
+        decoders.flat.more = self._read_on if ahead is not None else None
+
+    def _read_on(self) -> Optional[tuple]:
+        """The sampler's chunks ran out (``_Flat.more``): (the next epoch's seed, its first batches) for the
+        workers to go on with, where ``ahead`` knows them; they are fed after this epoch's (``spec``)."""
+        ahead, self.ahead = self.ahead, None
+        got = ahead() if ahead is not None and not self.stopped else None
+        if not got or len(got[1]) < self.decoders.lookahead:
+            return None
+        self.spec, self.spec_seed = [list(b) for b in got[1]], got[0]
+        return got[0], iter(self.spec)
+
+    def _spec_next(self) -> bool:
+        """Whether the next batch taken from the workers is one of the next epoch's, read ahead (those taken on
+        with the epoch, ``ready``, go first, and are its own)."""
+        own = self.decoders.flat.own
+        return not self.ready and self.spec is not None and own is not None and self.assembled >= own
+
+    def handed_out(self) -> bool:
+        return self._spec_next() and len(self.in_flight) == self.spec_in_flight
+
+    def adopt(self, first: list, batches, skipped: list, skip: bool,
+              ahead: Optional[Callable[[], Optional[tuple]]], seed: Optional[int] = None) -> bool:
+        """As ``EpochFeed.adopt``, with the workers: their last chunks, the rest of the batches read ahead, are
+        collected from the iterator that made them and wait in ``ready``; a new iterator goes on from there
+        with the epoch's other batches, at their places in it, with the chunks' epoch number kept (what DALI
+        holds of the rings stays theirs)."""
+        if self.spec is None or self.spec_failed or self.stopped or self.ended or self.error is not None or \
+                seed != self.spec_seed or [list(b) for b in first] != self.spec:
+            return False
+        try:
+            for got in self.it:
+                self.waiting[got[0]] = got[1]
+            while self.decoders.flat.pulled:
+                self.ready.append(self._assemble())
+                if self.ready[-1][0] is None:
+                    raise RuntimeError("a chunk read ahead did not come back")
+        except Exception:  # noqa: BLE001 - a worker's error in them: the epoch starts anew and meets it itself
+            self.ready.clear()
+            self.spec_failed = True
+            return False
+        self.spec, self.spec_in_flight, self.spec_seed, self.assembled, self.waiting = None, 0, None, 0, {}
+        self.batches, self.skipped, self.skip, self.ahead = batches, skipped, skip, ahead
+        self.it = self.decoders.epoch(batches, seed, offset=sum(len(b) for b in first))
+        self.decoders.flat.more = self._read_on if ahead is not None else None
+        return True
 
     def pending(self) -> list:
-        return [list(b) for b in self.in_flight] + [list(b) for b in self.decoders.flat.pulled]
+        return [list(b) for b in self.in_flight] + [list(b) for b, _ in self.ready] + \
+            [list(b) for b in self.decoders.flat.pulled]
 
-    def next_encoded(self):
+    def _next_encoded(self):
         while True:
             if self.stopped:
                 raise StopIteration
-            pulled, batch = self.decoders.flat.pulled, None
+            pulled, batch, spec, taken_on = self.decoders.flat.pulled, None, self._spec_next(), bool(self.ready)
             try:
                 batch, items = self._next_batch()
                 if batch is None:
                     self.stopped = True
                     raise StopIteration
+                self.assembled += not taken_on
                 if self.decoders.rings:
                     items = self._from_rings(items)
             except (RuntimeError, ConnectionError, EOFError) as e:  # a worker died, or timeout= passed
@@ -494,6 +565,9 @@ class ProcessEpochFeed(EpochFeed):
             except StopIteration:  # the epoch's end (raised above): no error
                 raise
             except Exception as e:  # noqa: BLE001 - the dataset's own error (torch re-raises it as its type)
+                if spec:  # in a batch of the next epoch's: that epoch meets it itself, after a new start
+                    self.spec_failed = self.stopped = True
+                    raise StopIteration from None
                 self.error, self.stopped = e, True
                 raise StopIteration from None
             kept, data, extras = [], [], []
@@ -505,6 +579,9 @@ class ProcessEpochFeed(EpochFeed):
                         extras.append(extra[0])
                     else:
                         data.append(tuple(t.numpy() for t in item))
+                elif spec:  # a bad file of the next epoch's: that epoch meets it itself, after a new start
+                    self.spec_failed = self.stopped = True
+                    raise StopIteration
                 elif self.skip:
                     self.skipped.append(files.BadSampleError(*err))
                 else:
@@ -513,6 +590,7 @@ class ProcessEpochFeed(EpochFeed):
                     raise StopIteration
             if kept:
                 self.in_flight.append(kept)
+                self.spec_in_flight += spec
                 if self.held:
                     self.held[-1].kept = kept
                 if extras:
@@ -520,6 +598,10 @@ class ProcessEpochFeed(EpochFeed):
                 return tuple(list(col) for col in zip(*data))
 
     def _next_batch(self) -> tuple:
+        """The next batch to feed: one taken on with the epoch (``ready``), else from the workers."""
+        return self.ready.popleft() if self.ready else self._assemble()
+
+    def _assemble(self) -> tuple:
         """(the next batch in the sampler's order, its samples' results), or (None, None) at the epoch's end.
         Its chunks are taken as the workers return them (in any order where the loader of chunks does not
         keep it: ProcessDecoders); those of later batches wait in ``waiting``."""
