@@ -60,7 +60,8 @@ class DataLoader(tud.DataLoader):
       processes.
 
     Extra keyword arguments: ``device`` ("gpu", "cpu" or None for the GPU when torch sees one),
-    ``seed`` (DALI's seed; default drawn from ``generator``/torch's RNG like torch's base seed),
+    ``seed`` (DALI's seed; default drawn from ``generator``/torch's RNG like torch's base seed; samples
+    recorded in worker processes draw from each epoch's base seed either way),
     ``hw_decoder_load`` (share of JPEGs for the hardware decoder on GPUs that have one),
     ``on_error`` ("raise": a file that cannot be loaded raises ``BadSampleError`` naming it and its
     sample index, from the loop, after the batches before it; "skip": such samples are left out,

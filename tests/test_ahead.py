@@ -16,18 +16,22 @@ from test_files import _bad_folder
 INDEX_TF = T.Compose([T.Resize((8, 8)), T.PILToTensor()])
 
 
-@pytest.fixture
-def adoptions(monkeypatch):
+def _adoptions(monkeypatch, feed_class) -> list:
     """What each next epoch's iterator decided: True where it took the feed on, False where it drained it."""
     seen = []
-    original = feed.EpochFeed.adopt
+    original = feed_class.adopt
 
     def adopt(self, *args, **kwargs):
         seen.append(original(self, *args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(feed.EpochFeed, "adopt", adopt)
+    monkeypatch.setattr(feed_class, "adopt", adopt)
     return seen
+
+
+@pytest.fixture
+def adoptions(monkeypatch):
+    return _adoptions(monkeypatch, feed.EpochFeed)
 
 
 def _indices(loader) -> list:
@@ -290,15 +294,7 @@ def _epochs(loader, n: int, draw_between: bool = False) -> list:
 
 @pytest.fixture
 def process_adoptions(monkeypatch):
-    seen = []
-    original = feed.ProcessEpochFeed.adopt
-
-    def adopt(self, *args, **kwargs):
-        seen.append(original(self, *args, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(feed.ProcessEpochFeed, "adopt", adopt)
-    return seen
+    return _adoptions(monkeypatch, feed.ProcessEpochFeed)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -389,4 +385,22 @@ def test_detection_samples_seeded_as_their_epoch_would_seed_them(coco, device, p
     for (ids, images, boxes, _), (ids2, images2, boxes2, _) in zip(ahead_epochs, epochs()):
         assert ids == ids2
         assert all(torch.equal(a, b) for a, b in zip(images, images2))
+        assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_epochs_draw_anew_with_a_fixed_seed(coco, device):
+    """With DataLoader(seed=...) the samples its workers record still draw from each epoch's base seed, as torch
+    seeds its workers: the same images in the same places (no shuffling) get other draws each epoch, and the same
+    global seed gives the same epochs again."""
+    ds = _detection(coco)
+
+    def run():
+        torch.manual_seed(0)
+        return _epochs(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_pairs, device=device, seed=3), 2)
+
+    (ids, _, boxes, _), (ids2, _, boxes2, _) = first = run()
+    assert ids == ids2 and not all(torch.equal(a, b) for a, b in zip(boxes, boxes2))
+    for (ids, images, boxes, _), (ids2, images2, boxes2, _) in zip(first, run()):
+        assert ids == ids2 and all(torch.equal(a, b) for a, b in zip(images, images2))
         assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))

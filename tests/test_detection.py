@@ -1449,6 +1449,8 @@ def test_a_sample_whose_target_has_masks_travels_in_smaller_worker_items(coco, v
               feed.ProcessDecoders.CHUNK_LARGE)]
     assert feed.ProcessDecoders.CHUNK_LARGE < feed.ProcessDecoders.CHUNK
     for ds, collate, batch_size, chunk in cases:
+        # (the workers' samples draw from the epoch's base seed, which torch's generator gives)
+        torch.manual_seed(3)
         loader = DataLoader(ds, batch_size=batch_size, collate_fn=collate, device="cpu", num_workers=1, seed=3)
         it = iter(loader)
         first = next(it)
@@ -1461,6 +1463,7 @@ def test_a_sample_whose_target_has_masks_travels_in_smaller_worker_items(coco, v
         with monkeypatch.context() as m:
             m.setattr(feed.ProcessDecoders, "CHUNK", 1)
             m.setattr(feed.ProcessDecoders, "CHUNK_LARGE", 1)
+            torch.manual_seed(3)
             again = next(iter(DataLoader(ds, batch_size=batch_size, collate_fn=collate, device="cpu", num_workers=1,
                                          seed=3)))
         assert all(torch.equal(a, b) for a, b in zip(first[0], again[0]))

@@ -185,7 +185,7 @@ class CompiledGraph(Backend):
             # none, from torch's RNG in this thread as they are read, as torch's DataLoader with no workers does,
             # which reading them ahead would move)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped,
-                                    seed=slot.seed if s.num_workers > 0 else None,
+                                    seed=slot.sample_seed if s.num_workers > 0 else None,
                                     ahead=ahead if s.num_workers > 0 else None)
         return EpochFeed(self.files, batches, self.pool, lookahead=self.lookahead,
                          skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
@@ -197,8 +197,7 @@ class CompiledGraph(Backend):
         this loader stops reading ahead (each time would cost the drain of DALI's queue)."""
         if self.ahead_missed:
             return None
-        return functools.partial(_seeded_next_epoch, sampling.index_sampler, sampling.generator, self.lookahead,
-                                 self.settings.seed)
+        return functools.partial(_seeded_next_epoch, sampling.index_sampler, sampling.generator, self.lookahead)
 
     def skips(self) -> bool:
         """Whether a bad sample is skipped: the loader's ``on_error``, unless the dataset says what it
@@ -242,13 +241,13 @@ def declared_batch_size(batch_sampler, depth: int = 4) -> Optional[int]:
     return None
 
 
-def _seeded_next_epoch(index_sampler, generator, k: int, fixed: Optional[int]) -> Optional[tuple]:
-    """``ahead.next_epoch`` with the base seed made the iterator's seed as ``CompiledIterator`` makes it."""
+def _seeded_next_epoch(index_sampler, generator, k: int) -> Optional[tuple]:
+    """``ahead.next_epoch`` with the base seed made the iterator's ``sample_seed``."""
     got = next_epoch(index_sampler, generator, k)
     if got is None:
         return None
     base, batches = got
-    return (fixed if fixed is not None else base % (2 ** 31)), batches
+    return base % (2 ** 31), batches
 
 
 class CompiledIterator(EpochIterator):
@@ -265,7 +264,10 @@ class CompiledIterator(EpochIterator):
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()
         s = backend.settings
         self.seed = s.seed if s.seed is not None else base_seed % (2 ** 31)
-        self.slot.seed = self.seed
+        # the samples recorded in worker processes draw from seeds made from this epoch's base seed, whatever
+        # DALI's seed is (torch seeds its workers from each epoch's base seed): with seed= given, epochs differ too
+        self.sample_seed = base_seed % (2 ** 31)
+        self.slot.seed, self.slot.sample_seed = self.seed, self.sample_seed
         self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
         if resume is not None and self.slot.ahead:  # a saved position: what was read ahead is not its epoch
             self.slot.drain()
@@ -424,7 +426,7 @@ class CompiledIterator(EpochIterator):
         slot, feed = self.slot, self.slot.epoch
         first = list(itertools.islice(self.batches, len(feed.spec) if feed is not None and feed.spec else 0))
         if feed is not None and feed.adopt(first, self.batches, self.skipped, self.backend.skips(),
-                                           self.backend.reads_ahead(self.sampling), seed=self.seed):
+                                           self.backend.reads_ahead(self.sampling), seed=self.sample_seed):
             slot.ahead = False
             self.epoch, self.scheduled = feed, True  # (DALI's queue holds this epoch's first batches)
             return

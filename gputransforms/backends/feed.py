@@ -666,6 +666,7 @@ class PipelineSlot:
         self.decoders: Optional[ProcessDecoders] = None  # worker processes, for samples decoded on the CPU
         self.epoch: Optional[EpochFeed] = None
         self.seed: Optional[int] = None  # the iterator's seed (the first one's seeds a slot's worker processes)
+        self.sample_seed: Optional[int] = None  # the iterator's seed for the samples its workers record
         self.dirty = False  # an epoch was left mid-way: DALI may hold prefetched batches of it
         # the epoch ended with ``epoch`` reading on into the next one (``EpochFeed.spec``): the next iterator
         # takes it on or drains it (``CompiledIterator._take_ahead``)
