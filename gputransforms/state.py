@@ -59,9 +59,12 @@ class Position:
                    dali=d.get("dali_checkpoint"), rng_now=d.get("global_rng"))
 
 
-def skip_batches(index_batches, n: int):
-    """Advance an index-batch iterator by ``n`` batches without loading anything."""
+def skip_batches(index_batches, n: int) -> int:
+    """Advance an index-batch iterator by ``n`` batches without loading anything; the indices passed over."""
+    passed = 0
     for _ in range(n):
-        if next(index_batches, None) is None:
+        batch = next(index_batches, None)
+        if batch is None:
             break
-    return index_batches
+        passed += len(batch)
+    return passed

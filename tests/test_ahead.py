@@ -404,3 +404,30 @@ def test_detection_epochs_draw_anew_with_a_fixed_seed(coco, device):
     for (ids, images, boxes, _), (ids2, images2, boxes2, _) in zip(first, run()):
         assert ids == ids2 and all(torch.equal(a, b) for a, b in zip(images, images2))
         assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_resumed_mid_epoch_draws_as_the_epoch_would(coco, device):
+    """A position saved after two batches and loaded into a loader whose workers read its next epoch ahead: the
+    batches read ahead are dropped, and the rest of the saved epoch comes in its order with the same draws (each
+    sample seeded by its place in the epoch, not its place after the resume)."""
+    ds = _detection(coco)
+
+    def make():
+        return DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(3),
+                          collate_fn=_pairs, device=device)
+
+    ids, images, boxes, _ = _epochs(make(), 1)[0]
+    first = make()
+    it = iter(first)
+    next(it), next(it)
+    saved = first.state_dict()
+    del it
+    loader = make()
+    _epochs(loader, 1)  # a whole epoch: its workers read the next one's first batches
+    assert [s.ahead for s in loader._backend.idle] == [True]
+    loader.load_state_dict(saved)
+    ids2, images2, boxes2, _ = _epochs(loader, 1)[0]
+    assert ids2 == ids[8:]
+    assert all(torch.equal(a, b) for a, b in zip(boxes2, boxes[8:]))
+    assert all(torch.equal(a, b) for a, b in zip(images2, images[8:]))

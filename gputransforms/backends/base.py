@@ -96,6 +96,7 @@ class EpochIterator:
             state.set_rng_state(sampling.generator, resume.rng)
         self.rng_start = state.rng_state(sampling.generator)
         self.yielded, self.done = 0, False
+        self.resumed_at = 0  # the place in the epoch of its first sample (a saved position's batches passed over)
         self.skipped: list = [] if resume is None else [BadSampleError(*s) for s in resume.skipped]
         self.pin = None  # a backend that makes CPU batches itself sets pinning(settings)
 
@@ -103,7 +104,7 @@ class EpochIterator:
         """Advance ``batches`` (index batches, nothing loaded) past those the saved iterator handed out,
         and give the batched stage's draws the global RNG they had then."""
         if resume is not None:
-            state.skip_batches(batches, resume.batches)
+            self.resumed_at = state.skip_batches(batches, resume.batches)
             self.yielded = resume.batches
             if resume.rng_now is not None:
                 torch.set_rng_state(resume.rng_now)

@@ -170,7 +170,10 @@ class CompiledGraph(Backend):
             self._max_batch_size = size
         return self._max_batch_size
 
-    def new_epoch(self, batches, skipped: list, slot: PipelineSlot, ahead: Optional[Callable] = None) -> EpochFeed:
+    def new_epoch(self, batches, skipped: list, slot: PipelineSlot, ahead: Optional[Callable] = None,
+                  start: int = 0) -> EpochFeed:
+        """The feed of an epoch's ``batches``; ``start``: the place in the epoch of their first sample (a
+        resumed epoch's), where samples are seeded by their place (recorded in worker processes)."""
         s, first = self.settings, self.plan.steps[0]
         if first.op == "video_decode" and first.args["decoder"] == "pyav":
             if slot.decoders is None:
@@ -186,7 +189,7 @@ class CompiledGraph(Backend):
             # which reading them ahead would move)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped,
                                     seed=slot.sample_seed if s.num_workers > 0 else None,
-                                    ahead=ahead if s.num_workers > 0 else None)
+                                    ahead=ahead if s.num_workers > 0 else None, start=start)
         return EpochFeed(self.files, batches, self.pool, lookahead=self.lookahead,
                          skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
                          skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil), ahead=ahead)
@@ -311,7 +314,7 @@ class CompiledIterator(EpochIterator):
                 if not self.scheduled:
                     if self.epoch is None:
                         self.epoch = slot.epoch = b.new_epoch(self.batches, self.skipped, slot,
-                                                              b.reads_ahead(self.sampling))
+                                                              b.reads_ahead(self.sampling), start=self.resumed_at)
                     self.scheduled = True
                     pipe.schedule_run()
                 # (where every batch of this epoch is out, what DALI holds next is the next epoch's)

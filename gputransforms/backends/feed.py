@@ -418,17 +418,17 @@ class ProcessDecoders:
         self.lookahead = lookahead  # batches fed ahead of the one DALI runs (the slot's callback keeps as many)
         self.close = weakref.finalize(self, _stop_workers, self.dl, self.rings)
 
-    def epoch(self, batches, seed: Optional[int] = None, offset: Optional[int] = None):
-        """A new torch iterator over ``batches``, each sample seeded from ``seed`` and its place in the epoch.
-        ``offset`` (an epoch taken on, ``ProcessEpochFeed.adopt``): the rest of an epoch whose first batches
-        came through the iterator before, at that place; its chunks keep that epoch's number (the rings'
-        space, which DALI may still read, stays counted)."""
+    def epoch(self, batches, seed: Optional[int] = None, start: int = 0, go_on: bool = False):
+        """A new torch iterator over ``batches``, each sample seeded from ``seed`` and its place in the epoch,
+        the first at ``start`` (a resumed epoch's, or the rest of one taken on). ``go_on`` (an epoch taken on,
+        ``ProcessEpochFeed.adopt``): its first batches came through the iterator before, and its chunks keep
+        that epoch's number (the rings' space, which DALI may still read, stays counted)."""
         self.flat.batches = batches
         self.flat.pulled.clear()
         self.flat.starts.clear()
         self.flat.seed = seed
-        self.flat.offset, self.flat.more, self.flat.own = offset or 0, None, None
-        if offset is None:
+        self.flat.offset, self.flat.more, self.flat.own = start, None, None
+        if not go_on:
             self.flat.epoch += 1
             if self.rings:  # its workers write over all that was written before: what reads it in place has run
                 self.rings.wait_for_copies()
@@ -472,7 +472,7 @@ class ProcessEpochFeed(EpochFeed):
     order: ``_next_batch``)."""
 
     def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list, seed: Optional[int] = None,
-                 ahead: Optional[Callable[[], Optional[tuple]]] = None):
+                 ahead: Optional[Callable[[], Optional[tuple]]] = None, start: int = 0):
         self.batches = batches
         self.in_flight = collections.deque()
         self.extras: collections.deque = collections.deque()  # beside in_flight, where samples give extras
@@ -486,7 +486,7 @@ class ProcessEpochFeed(EpochFeed):
         self.ready: collections.deque = collections.deque()  # (batch, results) taken on with the epoch (``adopt``)
         self.assembled = 0  # batches taken from the workers' current iterator so far (not from ``ready``)
         self.ahead, self.spec_seed = ahead, None
-        self.it = decoders.epoch(batches, seed)
+        self.it = decoders.epoch(batches, seed, start=start)  # (start: the place of a resumed epoch's first sample)
         decoders.flat.more = self._read_on if ahead is not None else None
 
     def _read_on(self) -> Optional[tuple]:
@@ -530,7 +530,7 @@ class ProcessEpochFeed(EpochFeed):
             return False
         self.spec, self.spec_in_flight, self.spec_seed, self.assembled, self.waiting = None, 0, None, 0, {}
         self.batches, self.skipped, self.skip, self.ahead = batches, skipped, skip, ahead
-        self.it = self.decoders.epoch(batches, seed, offset=sum(len(b) for b in first))
+        self.it = self.decoders.epoch(batches, seed, start=sum(len(b) for b in first), go_on=True)
         self.decoders.flat.more = self._read_on if ahead is not None else None
         return True
 
