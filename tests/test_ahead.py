@@ -208,6 +208,12 @@ def test_a_loop_that_stops_after_len_batches_is_read_ahead(indexed_folder, devic
         next(kept[-1])
 
 
+def _state_after_two_batches(loader) -> dict:
+    it = iter(loader)
+    next(it), next(it)
+    return loader.state_dict()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_state_loaded_between_epochs_drops_the_batches_read_ahead(indexed_folder, device):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
@@ -216,11 +222,7 @@ def test_a_state_loaded_between_epochs_drops_the_batches_read_ahead(indexed_fold
         return DataLoader(ds, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3), device=device)
 
     want = _indices(make())
-    first = make()
-    it = iter(first)
-    next(it), next(it)
-    saved = first.state_dict()
-    del it
+    saved = _state_after_two_batches(make())
     loader = make()
     _indices(loader)  # a whole epoch: its pipeline runs on into the next one's first batches
     assert [s.ahead for s in loader._backend.idle] == [True]
@@ -418,11 +420,7 @@ def test_detection_resumed_mid_epoch_draws_as_the_epoch_would(coco, device):
                           collate_fn=_pairs, device=device)
 
     ids, images, boxes, _ = _epochs(make(), 1)[0]
-    first = make()
-    it = iter(first)
-    next(it), next(it)
-    saved = first.state_dict()
-    del it
+    saved = _state_after_two_batches(make())
     loader = make()
     _epochs(loader, 1)  # a whole epoch: its workers read the next one's first batches
     assert [s.ahead for s in loader._backend.idle] == [True]
