@@ -301,9 +301,10 @@ class _Flat(tud.Sampler):
         # that an epoch's draws do not depend on which worker takes which sample
         self.seed: Optional[int] = None
         self.epoch = 0  # each chunk goes out with it (arena.Rings: what a worker wrote before is free)
-        self.offset = 0  # the place in the epoch of the first sample of ``batches`` (an epoch taken on: the rest)
+        self.offset = 0  # the place in the epoch of the first sample of ``batches`` (a resumed epoch's, or the rest
+        # of one taken on)
         # asked once ``batches`` run out: (the next epoch's seed, its first batches) to go on with, or None
-        # (``ProcessEpochFeed._read_on``); ``own`` then holds how many batches were this epoch's
+        # (``ProcessEpochFeed._more``); ``own`` then holds how many batches were this epoch's
         self.more: Optional[Callable[[], Optional[tuple]]] = None
         self.own: Optional[int] = None
 
@@ -469,7 +470,7 @@ class ProcessEpochFeed(EpochFeed):
     holds the GIL for part of its work: on an H100 host 16 threads of one process decoded 21.8 clips/s
     of 360p, 16 processes 52-73). torch's own DataLoader machinery moves the frames through shared
     memory; the batches are fed in sampler order (a recorded joint transform's chunks come back in any
-    order: ``_next_batch``)."""
+    order: ``_assemble``)."""
 
     def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list, seed: Optional[int] = None,
                  ahead: Optional[Callable[[], Optional[tuple]]] = None, start: int = 0):
@@ -487,9 +488,9 @@ class ProcessEpochFeed(EpochFeed):
         self.assembled = 0  # batches taken from the workers' current iterator so far (not from ``ready``)
         self.ahead, self.spec_seed = ahead, None
         self.it = decoders.epoch(batches, seed, start=start)  # (start: the place of a resumed epoch's first sample)
-        decoders.flat.more = self._read_on if ahead is not None else None
+        decoders.flat.more = self._more if ahead is not None else None
 
-    def _read_on(self) -> Optional[tuple]:
+    def _more(self) -> Optional[tuple]:
         """The sampler's chunks ran out (``_Flat.more``): (the next epoch's seed, its first batches) for the
         workers to go on with, where ``ahead`` knows them; they are fed after this epoch's (``spec``)."""
         ahead, self.ahead = self.ahead, None
@@ -531,7 +532,7 @@ class ProcessEpochFeed(EpochFeed):
         self.spec, self.spec_in_flight, self.spec_seed, self.assembled, self.waiting = None, 0, None, 0, {}
         self.batches, self.skipped, self.skip, self.ahead = batches, skipped, skip, ahead
         self.it = self.decoders.epoch(batches, seed, start=sum(len(b) for b in first), go_on=True)
-        self.decoders.flat.more = self._read_on if ahead is not None else None
+        self.decoders.flat.more = self._more if ahead is not None else None
         return True
 
     def pending(self) -> list:
