@@ -244,13 +244,18 @@ def declared_batch_size(batch_sampler, depth: int = 4) -> Optional[int]:
     return None
 
 
+def _seed_of(base_seed: int) -> int:
+    """An iterator's seed from its base seed (DALI's, where the loader has none, and its workers' samples')."""
+    return base_seed % (2 ** 31)
+
+
 def _seeded_next_epoch(index_sampler, generator, k: int) -> Optional[tuple]:
-    """``ahead.next_epoch`` with the base seed made the iterator's ``sample_seed``."""
+    """``ahead.next_epoch`` with the base seed made the iterator's ``sample_seed``, as the iterator makes it."""
     got = next_epoch(index_sampler, generator, k)
     if got is None:
         return None
     base, batches = got
-    return base % (2 ** 31), batches
+    return _seed_of(base), batches
 
 
 class CompiledIterator(EpochIterator):
@@ -266,10 +271,10 @@ class CompiledIterator(EpochIterator):
         self.batches = iter(sampling.index_sampler)
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()
         s = backend.settings
-        self.seed = s.seed if s.seed is not None else base_seed % (2 ** 31)
+        self.seed = s.seed if s.seed is not None else _seed_of(base_seed)
         # the samples recorded in worker processes draw from seeds made from this epoch's base seed, whatever
         # DALI's seed is (torch seeds its workers from each epoch's base seed): with seed= given, epochs differ too
-        self.sample_seed = base_seed % (2 ** 31)
+        self.sample_seed = _seed_of(base_seed)
         self.slot.seed, self.slot.sample_seed = self.seed, self.sample_seed
         self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
         if resume is not None and self.slot.ahead:  # a saved position: what was read ahead is not its epoch
