@@ -429,3 +429,42 @@ def test_detection_resumed_mid_epoch_draws_as_the_epoch_would(coco, device):
     assert ids2 == ids[8:]
     assert all(torch.equal(a, b) for a, b in zip(boxes2, boxes[8:]))
     assert all(torch.equal(a, b) for a, b in zip(images2, images[8:]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_decode_error_mid_epoch_keeps_each_samples_draws(tmp_path, coco, device, monkeypatch):
+    """With on_error="skip", a file DALI fails on in the fourth batch (PIL fails on it too): the pipeline is built
+    again and the batches that were in flight are fed again, each sample seeded by its place in the epoch. The
+    epoch is the one the same loader gives where its worker leaves that file out: the same ids, draws, boxes."""
+    import numpy as np
+
+    from gputransforms import files
+
+    shutil.copytree(coco[0], tmp_path / "images")
+    ds = _detection((tmp_path / "images", coco[1]))
+    bad = tmp_path / "images" / ds.dataset.coco.loadImgs(ds.dataset.ids[ds.indices[13]])[0]["file_name"]
+    bad.write_bytes(bad.read_bytes()[:len(bad.read_bytes()) // 3])  # its header opens, its pixels do not
+    prepare = files.prepare_bytes
+
+    def epoch(where: str):
+        def prepared(index, path, data, **kw):
+            if path == str(bad) and where == "worker":
+                raise files.BadSampleError(index, path, "left out by the worker")
+            if path == str(bad):  # handed to DALI as bytes it cannot decode
+                return np.frombuffer(b"\xff\xd8\xff\xe0" + b"\x00" * 64, dtype=np.uint8)
+            return prepare(index, path, data, **kw)
+
+        monkeypatch.setattr(files, "prepare_bytes", prepared)
+        torch.manual_seed(0)
+        loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_pairs, device=device, on_error="skip")
+        with pytest.warns(SkippedSamplesWarning, match=str(bad)):
+            out = _epochs(loader, 1)[0]
+        assert [e.index for e in loader.skipped] == [13]  # (its index in the Subset)
+        return out
+
+    ids, images, boxes, _ = epoch("dali")
+    ids2, images2, boxes2, _ = epoch("worker")
+    want = [ds.dataset.ids[i] for k, i in enumerate(ds.indices) if k != 13]
+    assert ids == ids2 == want
+    assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))
+    assert all(torch.equal(a, b) for a, b in zip(images, images2))

@@ -30,7 +30,7 @@ from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotC
 from ..prepared import PreparedSamples
 from .ahead import next_epoch
 from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
-from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads
+from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads, without
 from .workers import TorchWorkers
 
 
@@ -401,7 +401,7 @@ class CompiledIterator(EpochIterator):
         was in flight (without the bad file) before the rest of the epoch."""
         self.skipped.append(bad)
         done = {e.index for e in self.skipped}  # this one, and those the reader threads already left out
-        self._refeed([kept for kept in ([i for i in b if i not in done] for b in self.epoch.pending()) if kept])
+        self._refeed([kept for kept in (without(b, done) for b in self.epoch.pending()) if kept])
 
     def _restart_with_pil(self, batch: list):
         """DALI failed on a batch whose every file PIL decodes (and torchvision's chain runs on): which
@@ -421,9 +421,11 @@ class CompiledIterator(EpochIterator):
         self.epoch.stop()
         self.slot.pipe = None
         self.backend.build_pipeline(self.slot, self.seed + len(self.skipped))
+        # (the batches keep their samples' places in the epoch, where these seed their draws: ``feed.Placed``)
         self.epoch = self.slot.epoch = self.backend.new_epoch(itertools.chain(pending, self.epoch.rest()),
                                                               self.skipped, self.slot,
-                                                              self.backend.reads_ahead(self.sampling))
+                                                              self.backend.reads_ahead(self.sampling),
+                                                              start=self.epoch.rest_place())
         self.scheduled = False
 
     def _take_ahead(self):

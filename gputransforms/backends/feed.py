@@ -194,6 +194,10 @@ class EpochFeed:
         """This epoch's batches not read yet (to replay after a rebuild, after ``pending``)."""
         return iter(()) if self.spec is not None else self.batches
 
+    def rest_place(self) -> int:
+        """The place in the epoch of the first sample of ``rest`` (where samples are seeded by their place)."""
+        return 0
+
     def next_encoded(self):
         """The external_source callback: the next batch of encoded files, in sampler order."""
         try:
@@ -282,6 +286,32 @@ class _Decoded(tud.Dataset):
             return i, None, (e.index, e.path, e.reason)
 
 
+class Placed(list):
+    """A batch's indices with each sample's place in the epoch (``places``), which seeds its draws: a batch fed
+    again after the pipeline was built anew (``CompiledIterator._refeed``) keeps them."""
+
+    __slots__ = ("places",)
+
+    def __init__(self, indices, places):
+        super().__init__(indices)
+        self.places = list(places)
+
+
+def same_places(batch) -> list:
+    """A copy of ``batch``, its samples' places kept where it has them."""
+    places = getattr(batch, "places", None)
+    return list(batch) if places is None else Placed(batch, places)
+
+
+def without(batch, left_out) -> list:
+    """``batch`` without the indices in ``left_out``, the others' places kept where it has them."""
+    places = getattr(batch, "places", None)
+    if places is None:
+        return [i for i in batch if i not in left_out]
+    kept = [(i, p) for i, p in zip(batch, places) if i not in left_out]
+    return Placed([i for i, _ in kept], [p for _, p in kept])
+
+
 class _Flat(tud.Sampler):
     """The current epoch's index batches as one stream of chunks of indices (each worker reads one chunk
     at a time, so a batch is spread over several of them), remembering the batches in order.
@@ -302,7 +332,8 @@ class _Flat(tud.Sampler):
         self.seed: Optional[int] = None
         self.epoch = 0  # each chunk goes out with it (arena.Rings: what a worker wrote before is free)
         self.offset = 0  # the place in the epoch of the first sample of ``batches`` (a resumed epoch's, or the rest
-        # of one taken on)
+        # of one taken on) that has no places of its own (``Placed``)
+        self.place = 0  # the place of the epoch's next sample not yet handed out (where the rest of it starts)
         # asked once ``batches`` run out: (the next epoch's seed, its first batches) to go on with, or None
         # (``ProcessEpochFeed._more``); ``own`` then holds how many batches were this epoch's
         self.more: Optional[Callable[[], Optional[tuple]]] = None
@@ -314,17 +345,23 @@ class _Flat(tud.Sampler):
         return max(1, self.chunk >> max(0, self.ramp - k))
 
     def __iter__(self):
-        n, seq, seed, batches, count = self.offset, 0, self.seed, self.batches, 0
+        n, seq, seed, batches, count, own = self.offset, 0, self.seed, self.batches, 0, True
+        self.place = n
         while True:
             for j, b in enumerate(batches):
-                b = list(b)
+                places = getattr(b, "places", None)  # (a batch fed again keeps its samples' places)
+                if places is None:
+                    places = range(n, n + len(b))
+                    n += len(b)
+                b = Placed(b, places)
                 size = self.size(j)
                 self.pulled.append(b)
                 self.starts.append((seq, -(-len(b) // size)))
                 count += 1
+                if own:
+                    self.place = n
                 if seed is not None:
-                    b = [(i, (seed * 1_000_003 + n + k) % (2 ** 63)) for k, i in enumerate(b)]
-                    n += len(b)
+                    b = [(i, (seed * 1_000_003 + p) % (2 ** 63)) for i, p in zip(b, b.places)]
                 for k in range(0, len(b), size):
                     yield self.epoch, seq, b[k:k + size]
                     seq += 1
@@ -333,7 +370,7 @@ class _Flat(tud.Sampler):
             if got is None:
                 return
             # on into the next epoch: its seed, its samples' places from 0, its first chunks small again
-            self.own, (seed, batches), n = count, got, 0
+            self.own, (seed, batches), n, own = count, got, 0, False
 
 
 #: the arguments this torch's DataLoader takes (``in_order`` since torch 2.6)
@@ -536,8 +573,16 @@ class ProcessEpochFeed(EpochFeed):
         return True
 
     def pending(self) -> list:
-        return [list(b) for b in self.in_flight] + [list(b) for b, _ in self.ready] + \
-            [list(b) for b in self.decoders.flat.pulled]
+        """This epoch's batches fed to DALI or with the workers, in order, each sample's place kept (``Placed``);
+        not the next epoch's, read ahead."""
+        flat = self.decoders.flat
+        fed = list(self.in_flight)[:len(self.in_flight) - self.spec_in_flight]
+        pulled = list(flat.pulled)[:None if flat.own is None else max(0, flat.own - self.assembled)]
+        return [same_places(b) for b in fed] + [same_places(b) for b, _ in self.ready] + \
+            [same_places(b) for b in pulled]
+
+    def rest_place(self) -> int:
+        return self.decoders.flat.place
 
     def _next_encoded(self):
         while True:
@@ -571,10 +616,11 @@ class ProcessEpochFeed(EpochFeed):
                     raise StopIteration from None
                 self.error, self.stopped = e, True
                 raise StopIteration from None
-            kept, data, extras = [], [], []
-            for i, item, err, *extra in items:
+            kept, places, data, extras = [], [], [], []
+            for i, place, (_, item, err, *extra) in zip(batch, batch.places, items):
                 if err is None:
                     kept.append(i)
+                    places.append(place)
                     if extra:
                         data.append(item)
                         extras.append(extra[0])
@@ -590,6 +636,7 @@ class ProcessEpochFeed(EpochFeed):
                     self.stopped = True
                     raise StopIteration
             if kept:
+                kept = Placed(kept, places)
                 self.in_flight.append(kept)
                 self.spec_in_flight += spec
                 if self.held:
