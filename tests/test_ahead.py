@@ -1,6 +1,8 @@
 """Reading on into the next epoch (backends/ahead.py, feed.EpochFeed.adopt): the batches read ahead are used
 only where they are the ones the next iterator's sampler draws, so every epoch keeps torch's order."""
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -431,30 +433,37 @@ def test_detection_resumed_mid_epoch_draws_as_the_epoch_would(coco, device):
     assert all(torch.equal(a, b) for a, b in zip(images2, images[8:]))
 
 
+def _dali_refuses(monkeypatch, path, worker_skips: bool = False):
+    """The workers hand DALI bytes it cannot decode for the file at ``path`` (``worker_skips``: they leave it out,
+    as a file they cannot read)."""
+    import numpy as np
+
+    from gputransforms import files
+
+    prepare = files.prepare_bytes
+
+    def prepared(index, p, data, **kw):
+        if p == str(path) and worker_skips:
+            raise files.BadSampleError(index, p, "left out by the worker")
+        if p == str(path):
+            return np.frombuffer(b"\xff\xd8\xff\xe0" + b"\x00" * 64, dtype=np.uint8)
+        return prepare(index, p, data, **kw)
+
+    monkeypatch.setattr(files, "prepare_bytes", prepared)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_detection_decode_error_mid_epoch_keeps_each_samples_draws(tmp_path, coco, device, monkeypatch):
     """With on_error="skip", a file DALI fails on in the fourth batch (PIL fails on it too): the pipeline is built
     again and the batches that were in flight are fed again, each sample seeded by its place in the epoch. The
     epoch is the one the same loader gives where its worker leaves that file out: the same ids, draws, boxes."""
-    import numpy as np
-
-    from gputransforms import files
-
     shutil.copytree(coco[0], tmp_path / "images")
     ds = _detection((tmp_path / "images", coco[1]))
     bad = tmp_path / "images" / ds.dataset.coco.loadImgs(ds.dataset.ids[ds.indices[13]])[0]["file_name"]
     bad.write_bytes(bad.read_bytes()[:len(bad.read_bytes()) // 3])  # its header opens, its pixels do not
-    prepare = files.prepare_bytes
 
-    def epoch(where: str):
-        def prepared(index, path, data, **kw):
-            if path == str(bad) and where == "worker":
-                raise files.BadSampleError(index, path, "left out by the worker")
-            if path == str(bad):  # handed to DALI as bytes it cannot decode
-                return np.frombuffer(b"\xff\xd8\xff\xe0" + b"\x00" * 64, dtype=np.uint8)
-            return prepare(index, path, data, **kw)
-
-        monkeypatch.setattr(files, "prepare_bytes", prepared)
+    def epoch(worker_skips: bool):
+        _dali_refuses(monkeypatch, bad, worker_skips)
         torch.manual_seed(0)
         loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_pairs, device=device, on_error="skip")
         with pytest.warns(SkippedSamplesWarning, match=str(bad)):
@@ -462,9 +471,37 @@ def test_detection_decode_error_mid_epoch_keeps_each_samples_draws(tmp_path, coc
         assert [e.index for e in loader.skipped] == [13]  # (its index in the Subset)
         return out
 
-    ids, images, boxes, _ = epoch("dali")
-    ids2, images2, boxes2, _ = epoch("worker")
+    ids, images, boxes, _ = epoch(worker_skips=False)
+    ids2, images2, boxes2, _ = epoch(worker_skips=True)
     want = [ds.dataset.ids[i] for k, i in enumerate(ds.indices) if k != 13]
     assert ids == ids2 == want
     assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))
     assert all(torch.equal(a, b) for a, b in zip(images, images2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("workers", [2, 0])
+def test_detection_file_only_dali_fails_on_is_decoded_by_pil(coco, device, workers, monkeypatch):
+    """A file DALI fails on and PIL decodes, in the fourth batch of a detection loader: its batch's files are
+    decoded by PIL from then on (a DamagedFileWarning names them), every sample comes once, in torch's order;
+    with workers, each with the draws of the uninterrupted epoch (boxes equal), images within the decoders'
+    parity."""
+    from gputransforms.errors import DamagedFileWarning
+
+    ds = _detection(coco)
+    victim = Path(coco[0]) / ds.dataset.coco.loadImgs(ds.dataset.ids[ds.indices[13]])[0]["file_name"]
+
+    def epoch():
+        torch.manual_seed(0)
+        return _epochs(DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=_pairs, device=device), 1)[0]
+
+    ids, images, boxes, _ = epoch()
+    _dali_refuses(monkeypatch, victim)
+    with pytest.warns(DamagedFileWarning, match=re.escape(str(victim))):
+        ids2, images2, boxes2, _ = epoch()
+    assert ids == ids2 == [ds.dataset.ids[i] for i in ds.indices]
+    if workers:
+        assert all(torch.equal(a, b) for a, b in zip(boxes, boxes2))
+        assert all(torch.equal(a, b) for k, (a, b) in enumerate(zip(images, images2)) if not 12 <= k < 16)
+        for a, b in zip(images[12:16], images2[12:16]):
+            assert a.shape == b.shape and (a - b).abs().mean() <= (0.3 if device == "cpu" else 1.0) / 255

@@ -189,7 +189,8 @@ class CompiledGraph(Backend):
             # which reading them ahead would move)
             return ProcessEpochFeed(slot.decoders, batches, skip=self.skips(), skipped=skipped,
                                     seed=slot.sample_seed if s.num_workers > 0 else None,
-                                    ahead=ahead if s.num_workers > 0 else None, start=start)
+                                    ahead=ahead if s.num_workers > 0 else None, start=start,
+                                    via_pil=frozenset(self.via_pil))
         return EpochFeed(self.files, batches, self.pool, lookahead=self.lookahead,
                          skip=self.skips(), gpu=s.device == "gpu", check_jpeg_scan=s.validate_jpeg,
                          skipped=skipped, timeout=s.timeout, via_pil=frozenset(self.via_pil), ahead=ahead)
@@ -514,7 +515,7 @@ def name_failure(err: Exception, indices, samples: FileSamples) -> Exception:
         except Exception as pil_err:  # noqa: BLE001 - any failure to decode names the file
             reason = getattr(pil_err, "reason", None) or f"cannot be decoded ({type(pil_err).__name__}: {pil_err})"
             return files.BadSampleError(i, path, reason)
-    if samples.transform is not None:
+    if samples.transform is not None and not samples.extras:  # (recorded in the workers: their errors came there)
         for i in indices:
             path = paths[i]
             try:

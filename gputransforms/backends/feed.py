@@ -271,15 +271,17 @@ class _Decoded(tud.Dataset):
         return seq, out
 
     def _one(self, i):
-        if isinstance(i, tuple):  # (index, seed): this sample's draws from its own seed (``_Flat.seed``)
-            i, seed = i
-            # the CPU generator's, which is all a forked worker draws from (it cannot use CUDA): what
-            # torch.manual_seed sets there, without the CUDA seeding it queues with stack traces each time
-            # (77 us a sample, about a tenth of recording lsj-v2's)
-            torch.default_generator.manual_seed(seed)
+        pil = False
+        if isinstance(i, tuple):  # (index, seed[, True]): this sample's draws from its own seed (``_Flat.seed``)
+            i, seed, *pil = i  # (True: its file to be decoded by PIL, ``_Flat.via_pil``)
+            if seed is not None:
+                # the CPU generator's, which is all a forked worker draws from (it cannot use CUDA): what
+                # torch.manual_seed sets there, without the CUDA seeding it queues with stack traces each time
+                # (77 us a sample, about a tenth of recording lsj-v2's)
+                torch.default_generator.manual_seed(seed)
         try:
             if self.extras:
-                inputs, extra = self.read(i)
+                inputs, extra = self.read(i, pil=True) if pil else self.read(i)
                 return i, tuple(inputs), None, extra
             return i, tuple(torch.from_numpy(a) for a in self.read(i)), None
         except files.BadSampleError as e:
@@ -312,6 +314,15 @@ def without(batch, left_out) -> list:
     return Placed([i for i, _ in kept], [p for _, p in kept])
 
 
+def _by_pil(item, via_pil: frozenset):
+    """A sampler item (an index, or (index, seed)) as (index, seed or None, True) where its file is to be decoded
+    by PIL in the worker (``_Decoded._one``)."""
+    i = item[0] if isinstance(item, tuple) else item
+    if i not in via_pil:
+        return item
+    return (*item, True) if isinstance(item, tuple) else (item, None, True)
+
+
 class _Flat(tud.Sampler):
     """The current epoch's index batches as one stream of chunks of indices (each worker reads one chunk
     at a time, so a batch is spread over several of them), remembering the batches in order.
@@ -338,6 +349,7 @@ class _Flat(tud.Sampler):
         # (``ProcessEpochFeed._more``); ``own`` then holds how many batches were this epoch's
         self.more: Optional[Callable[[], Optional[tuple]]] = None
         self.own: Optional[int] = None
+        self.via_pil: frozenset = frozenset()  # samples whose files the workers decode with PIL (DALI failed on them)
 
     def size(self, k: int) -> int:
         """Samples per chunk of the epoch's ``k``-th batch: ``chunk`` halved for each of the first ``ramp``
@@ -362,6 +374,8 @@ class _Flat(tud.Sampler):
                     self.place = n
                 if seed is not None:
                     b = [(i, (seed * 1_000_003 + p) % (2 ** 63)) for i, p in zip(b, b.places)]
+                if self.via_pil:
+                    b = [_by_pil(item, self.via_pil) for item in b]
                 for k in range(0, len(b), size):
                     yield self.epoch, seq, b[k:k + size]
                     seq += 1
@@ -510,7 +524,8 @@ class ProcessEpochFeed(EpochFeed):
     order: ``_assemble``)."""
 
     def __init__(self, decoders: ProcessDecoders, batches, *, skip: bool, skipped: list, seed: Optional[int] = None,
-                 ahead: Optional[Callable[[], Optional[tuple]]] = None, start: int = 0):
+                 ahead: Optional[Callable[[], Optional[tuple]]] = None, start: int = 0,
+                 via_pil: frozenset = frozenset()):
         self.batches = batches
         self.in_flight = collections.deque()
         self.extras: collections.deque = collections.deque()  # beside in_flight, where samples give extras
@@ -524,6 +539,7 @@ class ProcessEpochFeed(EpochFeed):
         self.ready: collections.deque = collections.deque()  # (batch, results) taken on with the epoch (``adopt``)
         self.assembled = 0  # batches taken from the workers' current iterator so far (not from ``ready``)
         self.ahead, self.spec_seed = ahead, None
+        decoders.flat.via_pil = via_pil  # (samples DALI failed on earlier: the workers decode them with PIL)
         self.it = decoders.epoch(batches, seed, start=start)  # (start: the place of a resumed epoch's first sample)
         decoders.flat.more = self._more if ahead is not None else None
 

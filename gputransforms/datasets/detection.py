@@ -262,13 +262,15 @@ class DetectionSamples(FileSamples):
 
         lazy = [self.lazy_masks]  # cleared in this process the first time a sample's masks cannot be
 
-        def read(i: int):
-            """(the encoded file, its row of parameters), (the output's type, the pickled target)."""
+        def read(i: int, pil: bool = False):
+            """(the encoded file, its row of parameters), (the output's type, the pickled target). ``pil``: the
+            file decoded by PIL and handed to the graph losslessly (DALI failed on it, PIL decodes it)."""
             if tud.get_worker_info() is not None:  # a worker process only records: the kernels stay swapped
                 recorded.keep_recording()
             path = paths[i]
             data = files.read_sample(i, path)
-            encoded = files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
+            encoded = files.bmp_of(np.asarray(files.pil_rgb(i, path, data))) if pil else \
+                files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
             # the header: the canvas size the wrapper asks of the image (and PIL's verdict on it: a file it
             # cannot open is named here, where torchvision's dataset raises; a JPEG's SOF marker alone is not)
             img = files.pil_open(data, i, path)
