@@ -42,6 +42,8 @@ class DataLoader(tud.DataLoader):
       (torch's samplers are used).
     - ``num_workers``: CPU threads for DALI (decode on CPU, host-side work on GPU); 0 means the
       cores this process may use, divided among torchrun's ranks on this host (``LOCAL_WORLD_SIZE``).
+      As with torch's workers, where it is over 0 the transforms after the graph and the collate_fn draw
+      from a generator seeded from each epoch's base seed, and with 0 from torch's global one.
     - ``prefetch_factor``: batches DALI prepares ahead (default 4); unlike torch, allowed with
       ``num_workers=0``.
     - ``collate_fn``: torch's ``default_collate`` (or None) is what the graph produces. Any other

@@ -77,6 +77,34 @@ def test_a_loop_that_draws_from_torchs_generator_keeps_torchs_order(indexed_fold
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("workers", [2, 0])
+def test_random_transforms_after_the_graph_draw_as_torchs_workers_do(indexed_folder, device, workers, adoptions):
+    """A chain with random transforms after the graph (RandomApply of ColorJitter, RandomGrayscale, in the batched
+    stage; p=0, so that the images still say their index) and a collate_fn that draws: with workers, torch draws
+    them in its worker processes, each seeded from the epoch's base seed, and its global generator keeps only the
+    sampler's draws. So do ours (an iterator's own generator): each epoch is read ahead and taken on, in torch's
+    order. With none, torch draws them from its global generator in the loop's process, and so do ours: the
+    order read ahead is not the next epoch's (dropped once), the epochs still torch's."""
+    tf = T.Compose([T.Resize((8, 8)), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.0),
+                    T.RandomGrayscale(p=0.0), T.PILToTensor()])
+    ds = datasets.ImageFolder(str(indexed_folder), transform=tf)
+
+    def collate(batch):
+        torch.rand(3)  # (a collate_fn's own draw, as MixUp's or CutMix's)
+        return tud.default_collate(batch)
+
+    def run(cls, **kw):
+        torch.manual_seed(4)
+        loader = cls(ds, batch_size=4, shuffle=True, num_workers=workers, collate_fn=collate, **kw)
+        return [[i for images, _ in loader for i in decode_index(images.cpu())[0]] for _ in range(4)]
+
+    ours = run(DataLoader, device=device)
+    assert ours == run(tud.DataLoader)
+    assert all(sorted(e) == list(range(len(ds))) for e in ours) and ours[0] != ours[1]
+    assert adoptions == ([True, True, True] if workers else [False])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("own_generator", [False, True])
 def test_mixup_in_the_collate_fn_and_the_samplers_generator(indexed_folder, device, own_generator, adoptions):
     """torchvision's classification reference: MixUp/CutMix in the collate_fn draw from torch's global generator

@@ -160,7 +160,7 @@ def test_same_seed_same_batches_on_the_cpu(indexed_folder, photo_folder):
     assert not torch.equal(a[0][0][0], a[1][0][0]), "epochs differ"
     # generator= alone fixes the order and DALI's draws; the transforms after the graph (ColorJitter
     # here) draw torchvision's parameters from torch's global RNG, as torch's DataLoader does with
-    # num_workers=0 (not yet as its workers do, seeded from the generator)
+    # num_workers=0
     torch.manual_seed(1)
     c = run_once(generator=torch.Generator().manual_seed(5))
     torch.manual_seed(1)
@@ -168,6 +168,17 @@ def test_same_seed_same_batches_on_the_cpu(indexed_folder, photo_folder):
     for e1, e2 in zip(c, d):
         assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(e1, e2))
     assert not torch.equal(a[0][0][0], c[0][0][0]), "seeds matter"
+    # with workers, from a generator of each iterator's own seeded from the epoch's base seed, as torch's workers
+    # are: generator= alone fixes them too, whatever torch's global generator holds
+    torch.manual_seed(1)
+    e = run_once(generator=torch.Generator().manual_seed(5), num_workers=2)
+    torch.manual_seed(2)
+    f = run_once(generator=torch.Generator().manual_seed(5), num_workers=2)
+    for e1, e2 in zip(e, f):
+        assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(e1, e2))
+    torch.manual_seed(1)
+    g = run_once(generator=torch.Generator().manual_seed(6), num_workers=2)
+    assert not torch.equal(e[0][0][0], g[0][0][0]), "seeds matter"
 
 
 def test_default_threads_are_the_cores_of_one_local_rank(monkeypatch):
@@ -183,16 +194,18 @@ def test_default_threads_are_the_cores_of_one_local_rank(monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("source", ["generator", "global"])
-def test_resume_repeats_random_transforms_exactly(photo_folder, device, source):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_repeats_random_transforms_exactly(photo_folder, device, source, workers):
     """A random chain (crop fused into the decode, flip, TrivialAugment in the graph; ColorJitter and
     RandomErasing in the batched stage): after a resume the images are the uninterrupted run's,
-    because the state carries DALI's checkpoint and the batched stage's RNG."""
+    because the state carries DALI's checkpoint and the batched stage's RNG (torch's global one, or with
+    workers the iterator's own)."""
     tf = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
                     T.ColorJitter(0.4, 0.4, 0.4), T.PILToTensor(), T.RandomErasing(p=0.5, value=0)])
     ds = datasets.ImageFolder(str(photo_folder), transform=tf)
 
     def make():
-        kw = dict(batch_size=4, shuffle=True, device=device)
+        kw = dict(batch_size=4, shuffle=True, device=device, num_workers=workers)
         if source == "generator":
             kw["generator"] = torch.Generator().manual_seed(3)
         return DataLoader(ds, **kw)

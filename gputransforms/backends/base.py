@@ -107,8 +107,12 @@ class EpochIterator:
             self.resumed_at = state.skip_batches(batches, resume.batches)
             self.yielded = resume.batches
             if resume.rng_now is not None:
-                torch.set_rng_state(resume.rng_now)
+                self.restore_stage_rng(resume.rng_now)
         return batches
+
+    def restore_stage_rng(self, value: torch.Tensor):
+        """Where the batched stage's draws stood at a saved position: torch's global generator."""
+        torch.set_rng_state(value)
 
     def __iter__(self):
         return self
@@ -117,7 +121,8 @@ class EpochIterator:
         return self.length()
 
     def random_state(self) -> tuple:
-        """(DALI checkpoint, torch's global RNG) after the batches handed out so far."""
+        """(DALI checkpoint, the batched stage's CPU generator: torch's global one, or the iterator's own) after
+        the batches handed out so far."""
         return None, None
 
     def _next(self):

@@ -277,6 +277,12 @@ class CompiledIterator(EpochIterator):
         # DALI's seed is (torch seeds its workers from each epoch's base seed): with seed= given, epochs differ too
         self.sample_seed = _seed_of(base_seed)
         self.slot.seed, self.slot.sample_seed = self.seed, self.sample_seed
+        # with num_workers > 0 torch draws the transforms and the collate_fn in its workers, each seeded from the
+        # base seed: the after-graph stages and the collate_fn draw from a CPU generator of the iterator's own,
+        # seeded so, and torch's global one keeps only the loop's draws and the samplers' (so the next epoch's
+        # order is known ahead); with none, from torch's global generator, as torch's draw in this process
+        self.stage_rng: Optional[torch.Tensor] = \
+            torch.Generator().manual_seed(base_seed).get_state() if s.num_workers > 0 else None
         self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
         if resume is not None and self.slot.ahead:  # a saved position: what was read ahead is not its epoch
             self.slot.drain()
@@ -303,7 +309,27 @@ class CompiledIterator(EpochIterator):
         pipe = self.slot.pipe if self.slot is not None else None
         if pipe is None or self.epoch is None:  # nothing drawn since this iterator started
             return self.resumed_random
-        return pipe.checkpoint() if self.backend.plan.checkpointable else None, torch.get_rng_state()
+        return (pipe.checkpoint() if self.backend.plan.checkpointable else None,
+                torch.get_rng_state() if self.stage_rng is None else self.stage_rng.clone())
+
+    def restore_stage_rng(self, value: torch.Tensor):
+        if self.stage_rng is None:
+            super().restore_stage_rng(value)
+        else:
+            self.stage_rng = value.clone()
+
+    def _on_stage_rng(self, fn, *args, **kw):
+        """``fn(*args, **kw)`` drawing from the iterator's CPU generator for the after-graph stages, where it
+        has one (``stage_rng``), torch's global one untouched."""
+        if self.stage_rng is None:
+            return fn(*args, **kw)
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.stage_rng)
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.stage_rng = torch.get_rng_state()
+            torch.set_rng_state(outer)
 
     def _next(self):
         if self.done:
@@ -351,17 +377,21 @@ class CompiledIterator(EpochIterator):
         # a joint step's rows, where its pixels run after the graph (compiler.joint_kernels)
         rows = np.array(out[1].as_array()) if len(out) > 1 else None
         pipe.schedule_run()
-        images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw, rows=rows)
-        if b.settings.collate is None:
-            labels = None if more else b.labels(indices, self.dev)
-            out = b.files.batch(images, labels, self.dev, indices, **more)
-        else:
-            out = self._collate(images, indices, more)
+        out = self._on_stage_rng(self._finish, images, indices, rows, more)
         if more:  # (targets that may view the workers' rings: arena.Rings.register)
             self.epoch.copied(indices, self.dev)
         if self.epoch.handed_out() and self.epoch.error is None and not self.epoch.spec_failed:
             self._hand_back_ahead()
         return out
+
+    def _finish(self, images, indices, rows, more: dict):
+        """The batch as the loop gets it: the chain's stages after the graph, then the collate_fn."""
+        b = self.backend
+        images = handoff.finish(images, b.plan, self.dev, b.stages, raw=self.raw, rows=rows)
+        if b.settings.collate is None:
+            labels = None if more else b.labels(indices, self.dev)
+            return b.files.batch(images, labels, self.dev, indices, **more)
+        return self._collate(images, indices, more)
 
     def _hand_back_ahead(self):
         """The epoch's last batch is out and DALI runs on into the next epoch's: the slot goes back now, not at
