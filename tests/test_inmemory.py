@@ -226,23 +226,24 @@ def test_user_collate_fn(device):
         torch.testing.assert_close(m.cpu(), tm)
 
 
-def test_resume_and_seeded_runs():
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_and_seeded_runs(workers):
     tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.RandomErasing(p=0.5)])
     ds = fake(torchvision.datasets.CIFAR10, n=100, transform=tf)
 
     def run(seed=0):
         torch.manual_seed(seed)
-        return [x for x, _ in DataLoader(ds, batch_size=16, shuffle=True)]
+        return [x for x, _ in DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers)]
 
     a, b = run(), run()
     assert all(torch.equal(p, q) for p, q in zip(a, b))
     torch.manual_seed(0)
-    loader = DataLoader(ds, batch_size=16, shuffle=True)
+    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers)
     it = iter(loader)
     first = [next(it)[0] for _ in range(3)]
     sd = loader.state_dict()
     torch.manual_seed(123)  # another process's RNG
-    resumed = DataLoader(ds, batch_size=16, shuffle=True)
+    resumed = DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers)
     resumed.load_state_dict(sd)
     rest = [x for x, _ in resumed]
     assert all(torch.equal(p, q) for p, q in zip(first + rest, a)) and len(first + rest) == len(a)
@@ -271,3 +272,22 @@ def test_nested_targets_go_where_the_images_are(device):
         assert set(t) == set(tt) == {"cls", "onehot"}
         for k in tt:
             assert t[k].device == x.device and torch.equal(t[k].cpu(), tt[k])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_chain_with_workers_keeps_torchs_order(device):
+    """With num_workers > 0 torch draws the transforms in its workers: its global generator keeps the sampler's
+    draws only, and the epochs' orders depend on the seed alone. Ours draw the batch's parameters from a
+    generator of the iterator's own, seeded from the base seed as torch's workers are: the same orders, epoch
+    after epoch (each target is its sample's index here)."""
+    tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.RandomErasing(p=0.5)])
+    ds = fake(torchvision.datasets.CIFAR10, n=40, transform=tf)
+    ds.targets = list(range(40))
+
+    def run(cls, **kw):
+        torch.manual_seed(3)
+        loader = cls(ds, batch_size=8, shuffle=True, num_workers=2, **kw)
+        return [[int(t) for _, y in loader for t in y] for _ in range(3)]
+
+    ours = run(DataLoader, device=device)
+    assert ours == run(tud.DataLoader) and ours[0] != ours[1]

@@ -134,18 +134,22 @@ class ArrayIterator(EpochIterator):
         super().__init__(sampling, resume)
         self.arrays, self.compiled, self.collate = backend.arrays, backend.stages, backend.settings.collate
         self.batches = iter(sampling.index_sampler)
-        torch.empty((), dtype=torch.int64).random_(generator=sampling.generator)  # torch's base seed draw
+        base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()  # (torch's)
+        self.own_stage_rng(base_seed, backend.settings.num_workers)
         self.resume_at(self.batches, resume)
         self.rows = torch.as_tensor(self.arrays.samples.rows, dtype=torch.int64)
         self.pin = pinning(backend.settings)
 
     def random_state(self) -> tuple:
-        return None, torch.get_rng_state()
+        return None, self.stage_random_state()
 
     def _next(self):
         indices = next(self.batches, None)
         if indices is None:
             raise StopIteration
+        return self.on_stage_rng(self._batch, indices)
+
+    def _batch(self, indices):
         a, s = self.arrays, self.arrays.samples
         rows = self.rows[torch.as_tensor(indices, dtype=torch.int64)]
         chain = a.graphed(self.compiled) if self.collate is None else None

@@ -97,6 +97,7 @@ class EpochIterator:
         self.rng_start = state.rng_state(sampling.generator)
         self.yielded, self.done = 0, False
         self.resumed_at = 0  # the place in the epoch of its first sample (a saved position's batches passed over)
+        self.stage_rng: Optional[torch.Tensor] = None  # the stages' own CPU generator (``own_stage_rng``), if any
         self.skipped: list = [] if resume is None else [BadSampleError(*s) for s in resume.skipped]
         self.pin = None  # a backend that makes CPU batches itself sets pinning(settings)
 
@@ -110,9 +111,36 @@ class EpochIterator:
                 self.restore_stage_rng(resume.rng_now)
         return batches
 
+    def own_stage_rng(self, base_seed: int, num_workers: int) -> None:
+        """With ``num_workers > 0`` torch draws the transforms and the collate_fn in its workers, each seeded from
+        the epoch's base seed, and its global generator keeps only the loop's draws and the sampler's: the stages
+        this iterator runs on its batches (and the collate_fn) then draw from a CPU generator of its own, seeded
+        from ``base_seed``. With none, from torch's global generator, as torch's draw in the loop's process."""
+        self.stage_rng = torch.Generator().manual_seed(base_seed).get_state() if num_workers > 0 else None
+
+    def stage_random_state(self) -> torch.Tensor:
+        """The state of the generator the stages draw from (torch's global one, or the iterator's own)."""
+        return torch.get_rng_state() if self.stage_rng is None else self.stage_rng.clone()
+
     def restore_stage_rng(self, value: torch.Tensor):
-        """Where the batched stage's draws stood at a saved position: torch's global generator."""
-        torch.set_rng_state(value)
+        """Where the stages' draws stood at a saved position."""
+        if self.stage_rng is None:
+            torch.set_rng_state(value)
+        else:
+            self.stage_rng = value.clone()
+
+    def on_stage_rng(self, fn, *args, **kw):
+        """``fn(*args, **kw)`` with the stages' generator: the iterator's own where it has one (swapped in for
+        torch's global CPU generator, which is left as it was), else torch's global one."""
+        if self.stage_rng is None:
+            return fn(*args, **kw)
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.stage_rng)
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.stage_rng = torch.get_rng_state()
+            torch.set_rng_state(outer)
 
     def __iter__(self):
         return self

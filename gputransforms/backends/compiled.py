@@ -277,12 +277,7 @@ class CompiledIterator(EpochIterator):
         # DALI's seed is (torch seeds its workers from each epoch's base seed): with seed= given, epochs differ too
         self.sample_seed = _seed_of(base_seed)
         self.slot.seed, self.slot.sample_seed = self.seed, self.sample_seed
-        # with num_workers > 0 torch draws the transforms and the collate_fn in its workers, each seeded from the
-        # base seed: the after-graph stages and the collate_fn draw from a CPU generator of the iterator's own,
-        # seeded so, and torch's global one keeps only the loop's draws and the samplers' (so the next epoch's
-        # order is known ahead); with none, from torch's global generator, as torch's draw in this process
-        self.stage_rng: Optional[torch.Tensor] = \
-            torch.Generator().manual_seed(base_seed).get_state() if s.num_workers > 0 else None
+        self.own_stage_rng(base_seed, s.num_workers)  # (and so the next epoch's order is known ahead)
         self.resumed_random = (None, None) if resume is None else (resume.dali, resume.rng_now)
         if resume is not None and self.slot.ahead:  # a saved position: what was read ahead is not its epoch
             self.slot.drain()
@@ -309,27 +304,7 @@ class CompiledIterator(EpochIterator):
         pipe = self.slot.pipe if self.slot is not None else None
         if pipe is None or self.epoch is None:  # nothing drawn since this iterator started
             return self.resumed_random
-        return (pipe.checkpoint() if self.backend.plan.checkpointable else None,
-                torch.get_rng_state() if self.stage_rng is None else self.stage_rng.clone())
-
-    def restore_stage_rng(self, value: torch.Tensor):
-        if self.stage_rng is None:
-            super().restore_stage_rng(value)
-        else:
-            self.stage_rng = value.clone()
-
-    def _on_stage_rng(self, fn, *args, **kw):
-        """``fn(*args, **kw)`` drawing from the iterator's CPU generator for the after-graph stages, where it
-        has one (``stage_rng``), torch's global one untouched."""
-        if self.stage_rng is None:
-            return fn(*args, **kw)
-        outer = torch.get_rng_state()
-        torch.set_rng_state(self.stage_rng)
-        try:
-            return fn(*args, **kw)
-        finally:
-            self.stage_rng = torch.get_rng_state()
-            torch.set_rng_state(outer)
+        return pipe.checkpoint() if self.backend.plan.checkpointable else None, self.stage_random_state()
 
     def _next(self):
         if self.done:
@@ -377,7 +352,7 @@ class CompiledIterator(EpochIterator):
         # a joint step's rows, where its pixels run after the graph (compiler.joint_kernels)
         rows = np.array(out[1].as_array()) if len(out) > 1 else None
         pipe.schedule_run()
-        out = self._on_stage_rng(self._finish, images, indices, rows, more)
+        out = self.on_stage_rng(self._finish, images, indices, rows, more)
         if more:  # (targets that may view the workers' rings: arena.Rings.register)
             self.epoch.copied(indices, self.dev)
         if self.epoch.handed_out() and self.epoch.error is None and not self.epoch.spec_failed:
