@@ -104,9 +104,9 @@ class CompiledGraph(Backend):
                 getattr(self.files, "epoch_order", None) is None:
             lines.append("  epochs: " + (
                 "no longer read ahead: the batches read ahead once differed from those the sampler then drew (it "
-                "draws from torch's global generator, which something else drew from between epochs, such as MixUp "
-                "or CutMix in a collate_fn: a DataLoader generator= keeps its draws apart), or set_epoch was not the "
-                "next epoch" if self.ahead_missed else
+                "draws from torch's global generator, which something else drew from between epochs: the loop, or "
+                "with num_workers=0 random steps after the graph or a collate_fn's MixUp or CutMix; a DataLoader "
+                "generator= keeps its draws apart), or set_epoch was not the next epoch" if self.ahead_missed else
                 "as one ends, the next one's first batches are read and decoded ahead where the sampler is torch's "
                 "own, and used if they are the batches it then draws (backends/ahead.py)"))
         return "\n".join(lines + [self.plan.explain(self.settings.device)] + self.files.explain_lines())
