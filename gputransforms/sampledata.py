@@ -406,8 +406,9 @@ def write_shards(folder, out, *, per_shard: int = 16, seed: Optional[int] = None
     return paths
 
 
-def write_coco(folder, out, *, seed: int = 0, max_boxes: int = 6, empty_every: int = 7) -> tuple:
-    """The photos of ``folder`` (any depth) as a COCO detection layout in ``out``: ``images/`` and
+def write_coco(folder, out, *, seed: int = 0, max_boxes: int = 6, empty_every: int = 7,
+               suffixes=(".jpg", ".jpeg", ".png")) -> tuple:
+    """The photos of ``folder`` (any depth; files of ``suffixes``) as a COCO detection layout in ``out``: ``images/`` and
     ``annotations.json`` with 1..``max_boxes`` objects per image (a box, a polygon inside it, a category
     of 1..5, its area), every ``empty_every``-th image without annotations, and one crowd object per
     image given as an uncompressed RLE. Returns (images dir, annotation file)."""
@@ -418,7 +419,7 @@ def write_coco(folder, out, *, seed: int = 0, max_boxes: int = 6, empty_every: i
     (out / "images").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     images, anns = [], []
-    for k, src in enumerate(sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))):
+    for k, src in enumerate(sorted(p for p in folder.rglob("*") if p.suffix.lower() in suffixes)):
         name = f"{k:06d}{src.suffix.lower()}"
         shutil.copy(src, out / "images" / name)
         with Image.open(src) as img:
@@ -427,7 +428,7 @@ def write_coco(folder, out, *, seed: int = 0, max_boxes: int = 6, empty_every: i
         if k % empty_every == empty_every - 1:
             continue
         for _ in range(int(rng.integers(1, max_boxes + 1))):
-            bw, bh = float(rng.uniform(8, w / 2)), float(rng.uniform(8, h / 2))
+            bw, bh = float(rng.uniform(min(8, w / 2), w / 2)), float(rng.uniform(min(8, h / 2), h / 2))  # (tiny images)
             x, y = float(rng.uniform(0, w - bw)), float(rng.uniform(0, h - bh))
             cx, cy = x + bw / 2, y + bh / 2
             angles = np.sort(rng.uniform(0, 2 * np.pi, int(rng.integers(4, 9))))

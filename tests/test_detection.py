@@ -1469,3 +1469,29 @@ def test_a_sample_whose_target_has_masks_travels_in_smaller_worker_items(coco, v
         assert all(torch.equal(a, b) for a, b in zip(first[0], again[0]))
         for a, b in zip(first[1], again[1]):
             same_targets(a, b) if isinstance(a, dict) else torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_file_pil_reads_as_torchvisions_detection_dataset(tmp_path, device, workers):
+    """A COCO layout of the odd files (grayscale, CMYK and progressive JPEGs, an EXIF rotation, RGBA, palette,
+    8- and 16-bit PNGs, BMP, TIFF, WebP, 1x1, 7x5, 4000x50 and 6000x4000 images) under two joint chains (a
+    flip and a resize; a flip at full size): every image and its boxes as torchvision's dataset gives them,
+    the images within the decoders' parity, the boxes exact."""
+    odd = sampledata.make_odd_files(tmp_path / "odd")
+    coco = sampledata.write_coco(odd, tmp_path / "coco", seed=1,
+                                 suffixes=(".jpg", ".jpeg", ".png", ".bmp", ".tiff", ".webp"))
+    chains = [v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(p=1), v2.Resize((48, 64)),
+                          v2.ToDtype(torch.float32, scale=True), v2.SanitizeBoundingBoxes()]),
+              v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(p=1), v2.ToDtype(torch.float32, scale=True)])]
+    for chain in chains:
+        ds = wrapped(coco, chain, keys=["boxes", "labels", "image_id"])
+        loader = DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=detection_collate, device=device)
+        ours = [(image, target) for images, targets in loader for image, target in zip(images, targets)]
+        assert loader.backend == "dali" and len(ours) == len(ds) == 15
+        for k, (image, target) in enumerate(ours):
+            want, want_target = ds[k]
+            name = ds.dataset.coco.loadImgs(ds.dataset.ids[ds.indices[k]])[0]["file_name"]
+            assert image.shape == want.shape and image.dtype == want.dtype, name
+            assert (image.cpu() - want).abs().mean() * 255 <= (0.3 if device == "cpu" else 1.0), name
+            same_targets(target, want_target)
