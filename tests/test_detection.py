@@ -505,8 +505,8 @@ def test_a_chain_that_resizes_first_has_no_window_before_the_resize(coco, device
                                                          (100, 120)) is not None
 
 
-def _random_boxes(gen, case: int):
-    h, w = (int(v) for v in torch.randint(40, 900, (2,), generator=gen))
+def _random_boxes(gen, case: int, sides=(40, 900)):
+    h, w = (int(v) for v in torch.randint(*sides, (2,), generator=gen))
     k = int(torch.randint(0, 12, (1,), generator=gen))
     xy = torch.rand(k, 2, generator=gen) * torch.tensor([w, h])
     wh = torch.rand(k, 2, generator=gen) * torch.tensor([w, h]) * 0.6
@@ -550,6 +550,38 @@ def test_iou_crop_draws_while_recorded_are_torchvisions(kwargs):
         assert v2.RandomIoUCrop.make_params is not theirs
         assert v2.RandomIoUCrop.make_params(t, flat) is not None  # no record here: torchvision's own runs
     assert v2.RandomIoUCrop.make_params is theirs
+
+
+def test_iou_crop_draws_on_tiny_canvases_are_torchvisions():
+    """On canvases of 1-4 px a trial's crop can be 0 px high, where torchvision raises ZeroDivisionError (unless a
+    crop is accepted first): the registry's draw then lets torchvision's own run from the call's first draw, so
+    it raises where torchvision raises, or gives its crop, and leaves torch's RNG where torchvision's leaves it."""
+    from gputransforms.compiler import joint_draws
+
+    t = v2.RandomIoUCrop()
+    theirs, ours = v2.RandomIoUCrop.make_params, joint_draws.random_iou_crop(v2.RandomIoUCrop.make_params)
+    gen = torch.Generator().manual_seed(1)
+    raised = crops = 0
+    for case in range(400):
+        flat = _random_boxes(gen, case, sides=(1, 5))
+        results = []
+        for fn in (theirs, ours):
+            torch.manual_seed(case)
+            try:
+                results.append((fn(t, flat), torch.get_rng_state()))
+            except ZeroDivisionError:
+                results.append(("ZeroDivisionError", torch.get_rng_state()))
+        (a, state_a), (b, state_b) = results
+        assert torch.equal(state_a, state_b), case
+        if isinstance(a, str) or isinstance(b, str):
+            assert a == b, case
+            raised += 1
+            continue
+        assert a.keys() == b.keys(), case
+        for key in a:
+            assert (torch.equal(a[key], b[key]) if key == "is_within_crop_area" else a[key] == b[key]), (case, key)
+        crops += bool(a)
+    assert raised > 20 and crops > 5, (raised, crops)  # both ways are exercised
 
 
 def test_scale_jitter_draws_while_recorded_are_torchvisions():
@@ -1495,3 +1527,26 @@ def test_every_file_pil_reads_as_torchvisions_detection_dataset(tmp_path, device
             assert image.shape == want.shape and image.dtype == want.dtype, name
             assert (image.cpu() - want).abs().mean() * 255 <= (0.3 if device == "cpu" else 1.0), name
             same_targets(target, want_target)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ssd_preset_on_a_1x1_image_raises_as_torchvision(tmp_path, device):
+    """The ssd preset over the odd files, a 1x1 image among them (RandomIoUCrop's crop of it is 0 px high):
+    from the same seed, ours raises torchvision's ZeroDivisionError where its DataLoader does, naming the file,
+    or gives its boxes where it does not."""
+    odd = sampledata.make_odd_files(tmp_path / "odd")
+    coco = sampledata.write_coco(odd, tmp_path / "coco", seed=1)
+    ds = wrapped(coco, DetectionPresetTrain(data_augmentation="ssd"))
+    outcomes = []
+    for cls, kw in ((tud.DataLoader, {}), (DataLoader, dict(device=device))):
+        torch.manual_seed(0)
+        try:
+            outcomes.append([t["boxes"].cpu() for _, targets in cls(ds, batch_size=4, collate_fn=detection_collate, **kw)
+                             for t in targets])
+        except ZeroDivisionError as e:
+            outcomes.append(str(e))
+    theirs, ours = outcomes
+    if isinstance(theirs, str):
+        assert isinstance(ours, str) and "division by zero" in ours and "000007.jpg" in ours  # (the 1x1 image)
+    else:
+        assert not isinstance(ours, str) and all(torch.equal(a, b) for a, b in zip(ours, theirs))

@@ -43,6 +43,7 @@ def random_iou_crop(original: Callable) -> Callable:
         size = query_size(flat_inputs)
         boxes = _Boxes(F.convert_bounding_box_format(bboxes.as_subclass(torch.Tensor), bboxes.format,
                                                      tv_tensors.BoundingBoxFormat.XYXY).numpy())
+        start = torch.get_rng_state()
         while True:
             idx = int(torch.randint(low=0, high=len(self.options), size=(1,)))
             min_jaccard_overlap = self.options[idx]
@@ -53,7 +54,8 @@ def random_iou_crop(original: Callable) -> Callable:
             state = torch.get_rng_state()
             found = _option(self, size, boxes, min_jaccard_overlap, torch.rand(4 * self.trials).numpy())
             torch.set_rng_state(state)
-            if found is None:  # a zero crop height: torchvision's ZeroDivisionError, as it raises it
+            if found is None:  # a zero crop height: torchvision's own draws from the call's start (it raises
+                torch.set_rng_state(start)  # ZeroDivisionError, or accepts a crop before that trial)
                 return original(self, flat_inputs)
             consumed, crop = found
             torch.rand(consumed)
