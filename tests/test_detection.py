@@ -1550,3 +1550,34 @@ def test_ssd_preset_on_a_1x1_image_raises_as_torchvision(tmp_path, device):
         assert isinstance(ours, str) and "division by zero" in ours and "000007.jpg" in ours  # (the 1x1 image)
     else:
         assert not isinstance(ours, str) and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_pil_crop_of_too_many_pixels_raises_as_pil_does(coco, device, monkeypatch):
+    """A joint transform on PIL images (the references' default) whose crop is larger than PIL allows: PIL's
+    ``Image.crop`` raises DecompressionBombError over twice ``Image.MAX_IMAGE_PIXELS``, as ``open`` does. Ours,
+    which crops no PIL image, raises PIL's error where torch's DataLoader does, naming the file."""
+    from PIL import Image as PILImage
+
+    chain = v2.Compose([v2.RandomZoomOut(fill=0, side_range=(4.0, 4.0), p=1.0), v2.CenterCrop((1, 1)),
+                        v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True)])
+    full = wrapped(coco, chain, keys=["boxes", "labels"])
+    size = {k: PILImage.open(Path(coco[0]) / full.dataset.coco.loadImgs(full.dataset.ids[i])[0]["file_name"]).size
+            for k, i in enumerate(full.indices)}
+    small = sorted(size, key=lambda k: size[k][0] * size[k][1])[:8]  # (photos of similar sizes)
+    ch, cw = min(4 * size[k][1] for k in small) - 1, min(4 * size[k][0] for k in small) - 1  # (in every canvas)
+    chain.transforms[1].size = [ch, cw]
+    ds = tud.Subset(full.dataset, [full.indices[k] for k in small])
+    loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert "recorded per sample" in loader.explain()
+    limit = ch * cw // 2 - 1  # every crop over twice the limit; every photo opens (under twice it)
+    assert max(size[k][0] * size[k][1] for k in small) < 2 * limit
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", limit)
+    errors = []
+    for make in (lambda: tud.DataLoader(ds, batch_size=4, collate_fn=detection_collate), lambda: loader):
+        with warnings.catch_warnings(), pytest.raises(PILImage.DecompressionBombError) as e:
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)  # (opening: over the limit, under twice)
+            list(make())
+        errors.append(str(e.value))
+    theirs, ours = errors
+    assert ours.startswith(theirs) and "(sample 0: " in ours

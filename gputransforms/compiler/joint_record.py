@@ -164,9 +164,15 @@ def recorded_op(functional, kind: str, shape: tuple, dtype, kwargs: dict) -> tup
 
 def _as_pil_does(name: str, a: dict) -> dict:
     """A PIL kernel's arguments as it applies them: it always antialiases a resize, and pads with the fill
-    truncated to integers (``pil_fill``)."""
+    truncated to integers (``pil_fill``). A crop is PIL's ``Image.crop``, which refuses (and warns of) a crop
+    of too many pixels as it refuses to open such a file (``Image.MAX_IMAGE_PIXELS``): so does its record."""
     if name == "resize":
         return dict(a, antialias=True)
+    if name == "crop":
+        PIL.Image._decompression_bomb_check((abs(int(round(a["width"]))), abs(int(round(a["height"])))))
+    if name == "center_crop":
+        ch, cw = F._geometry._center_crop_parse_output_size(a["output_size"])
+        PIL.Image._decompression_bomb_check((cw, ch))
     if name == "pad" and a.get("padding_mode", "constant") == "constant":
         return dict(a, fill=pil_fill(a["fill"]))
     return a
