@@ -1581,3 +1581,19 @@ def test_a_pil_crop_of_too_many_pixels_raises_as_pil_does(coco, device, monkeypa
         errors.append(str(e.value))
     theirs, ours = errors
     assert ours.startswith(theirs) and "(sample 0: " in ours
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_split_of_the_references_subset_is_compiled(coco, device):
+    """The detection reference's Subset (images with annotations), then ``random_split`` of it into a train and
+    a val part (a Subset of a Subset): each part is compiled and gives torchvision's targets, in its order."""
+    chain = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(p=1), v2.Resize((48, 64)),
+                        v2.ToDtype(torch.float32, scale=True), v2.SanitizeBoundingBoxes()])
+    train, val = tud.random_split(wrapped(coco, chain), [0.75, 0.25], generator=torch.Generator().manual_seed(1))
+    for part in (train, val):
+        loader = DataLoader(part, batch_size=4, collate_fn=detection_collate, device=device)
+        assert loader.backend == "dali", loader.reason
+        ours = [t for _, targets in loader for t in targets]
+        assert len(ours) == len(part)
+        for k, t in enumerate(ours):
+            same_targets(t, part[k][1])

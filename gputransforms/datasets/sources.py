@@ -22,11 +22,19 @@ SOURCES: tuple[tuple[Callable[[Any], bool], Callable[[Any], Any]], ...] = (
 
 def resolve(dataset):
     """The samples ``dataset`` stands for (``adapters.FileSamples`` or a kind of it), or NotCompilable.
-    A ``Subset`` of a source's dataset is that source's samples, selected (torchvision's detection
-    reference drops the images without annotations so)."""
-    if isinstance(dataset, tud.Subset) and any(claims(dataset.dataset) for claims, _ in SOURCES[:-1]):
-        return resolve(dataset.dataset).select(dataset.indices)
+    A ``Subset`` of a source's dataset (or of a Subset of one) is that source's samples, selected
+    (torchvision's detection reference drops the images without annotations so; ``random_split`` then splits
+    that Subset)."""
+    if isinstance(dataset, tud.Subset) and any(claims(_under_subsets(dataset.dataset)) for claims, _ in SOURCES[:-1]):
+        return resolve(dataset.dataset).select(dataset.indices)  # (a Subset of one: the same, on its own turn)
     for claims, samples in SOURCES:
         if claims(dataset):
             return samples(dataset)
     raise AssertionError("adapters.resolve takes every dataset")  # pragma: no cover
+
+
+def _under_subsets(dataset):
+    """The dataset under any number of ``Subset``s (``random_split`` of a ``Subset``, say)."""
+    while isinstance(dataset, tud.Subset):
+        dataset = dataset.dataset
+    return dataset
