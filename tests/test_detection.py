@@ -1581,6 +1581,14 @@ def test_a_pil_crop_of_too_many_pixels_raises_as_pil_does(coco, device, monkeypa
         errors.append(str(e.value))
     theirs, ours = errors
     assert ours.startswith(theirs) and "(sample 0: " in ours
+    # a centre crop larger than the image in both sides: torchvision's PIL kernel pads it and crops nothing
+    chain.transforms[:2] = [v2.CenterCrop((ch, cw))]
+    loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert "recorded per sample" in loader.explain()
+    for make in (lambda: tud.DataLoader(ds, batch_size=4, collate_fn=detection_collate), lambda: loader):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
+            assert [tuple(image.shape) for images, _ in make() for image in images] == [(3, ch, cw)] * len(ds)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -73,9 +73,9 @@ def _recording_kernel(functional, registered):
             raise Unrecordable(name)
         a = _bound(real, inpt, args, kwargs)
         pil = isinstance(inpt, PIL.Image.Image)
-        if pil:
-            a = _as_pil_does(name, a)
         before = _shape(inpt)
+        if pil:
+            a = _as_pil_does(name, a, before[-2:])
         shape, dtype = _shape_after(name, before, torch.uint8 if pil else inpt.dtype, a)
         return rec.stand_in(inpt, shape, dtype, ops + [(name, a, before[-2:])])
 

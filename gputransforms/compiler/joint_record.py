@@ -157,22 +157,24 @@ def recorded_op(functional, kind: str, shape: tuple, dtype, kwargs: dict) -> tup
     name = functional.__name__
     a = _bound(getattr(registered, "__wrapped__", registered), None, (), kwargs)
     if kind == "pil":
-        a = _as_pil_does(name, a)
+        a = _as_pil_does(name, a, tuple(shape[-2:]))
     after, new_dtype = _shape_after(name, shape, dtype, a)
     return (name, a, tuple(shape[-2:])), after, new_dtype
 
 
-def _as_pil_does(name: str, a: dict) -> dict:
-    """A PIL kernel's arguments as it applies them: it always antialiases a resize, and pads with the fill
-    truncated to integers (``pil_fill``). A crop is PIL's ``Image.crop``, which refuses (and warns of) a crop
-    of too many pixels as it refuses to open such a file (``Image.MAX_IMAGE_PIXELS``): so does its record."""
+def _as_pil_does(name: str, a: dict, size: tuple) -> dict:
+    """A PIL kernel's arguments as it applies them to an image of ``size`` (h, w): it always antialiases a
+    resize, and pads with the fill truncated to integers (``pil_fill``). A crop is PIL's ``Image.crop``, which
+    refuses (and warns of) a crop of too many pixels as it refuses to open such a file
+    (``Image.MAX_IMAGE_PIXELS``): so does its record."""
     if name == "resize":
         return dict(a, antialias=True)
     if name == "crop":
         PIL.Image._decompression_bomb_check((abs(int(round(a["width"]))), abs(int(round(a["height"])))))
-    if name == "center_crop":
-        ch, cw = F._geometry._center_crop_parse_output_size(a["output_size"])
-        PIL.Image._decompression_bomb_check((cw, ch))
+    if name == "center_crop":  # (torchvision's PIL kernel pads an image smaller than the output first, and crops
+        ch, cw = F._geometry._center_crop_parse_output_size(a["output_size"])  # only what is left over)
+        if (max(ch, size[0]), max(cw, size[1])) != (ch, cw):
+            PIL.Image._decompression_bomb_check((cw, ch))
     if name == "pad" and a.get("padding_mode", "constant") == "constant":
         return dict(a, fill=pil_fill(a["fill"]))
     return a
