@@ -269,7 +269,7 @@ class DetectionSamples(FileSamples):
                 recorded.keep_recording()
             path = paths[i]
             data = files.read_sample(i, path)
-            encoded = files.bmp_of(np.asarray(files.pil_rgb(i, path, data))) if pil else \
+            encoded = files.bytes_decoded_by_pil(i, path, data) if pil else \
                 files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
             # the header: the canvas size the wrapper asks of the image (and PIL's verdict on it: a file it
             # cannot open is named here, where torchvision's dataset raises; a JPEG's SOF marker alone is not)
