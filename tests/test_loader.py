@@ -1,5 +1,7 @@
 """DataLoader semantics against torch's: coverage, order, batching, labels, fallbacks."""
 
+import warnings
+
 import pytest
 import torch
 import torch.utils.data as tud
@@ -362,3 +364,72 @@ def test_fallback_warning_names_the_transform_and_points_at_the_users_line(index
     with pytest.warns(FallbackWarning, match="Mine") as caught:
         MyLoader(ds, batch_size=4, device="cpu")
     assert caught[0].filename == __file__, caught[0].filename
+
+
+class _JointFlip:
+    """A user's own joint transform, as torchvision's detection reference writes them without --use-v2: it draws
+    from torch's, Python's and NumPy's generators."""
+
+    def __call__(self, image, target):
+        import random
+
+        import numpy as np
+
+        flip = torch.rand(1).item() < 0.5
+        image = image.transpose(Image.FLIP_LEFT_RIGHT) if flip else image
+        return torchvision.transforms.functional.pil_to_tensor(image), dict(
+            target, flip=flip, r=random.random(), n=float(np.random.rand()))
+
+
+class _JointDataset(tud.Dataset):
+    def __init__(self, files):
+        self.files = files
+        self._transforms = _JointFlip()
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        return self._transforms(Image.open(self.files[i]).convert("RGB"), {"i": i})
+
+
+def _random_states():
+    import random
+
+    import numpy as np
+
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_building_a_loader_leaves_the_random_state_as_torchs_does(indexed_folder, workers):
+    """torch's DataLoader draws nothing when it is built. Ours runs the dataset's ``__getitem__`` to find what it
+    does (``datasets.discover``): that must leave torch's, Python's and NumPy's generators as they were, or a
+    dataset that runs on torch's workers gets another order and other draws than torch's DataLoader from the same
+    seed (found with torchvision's detection reference without --use-v2: its CocoDetection subclass and joint
+    transforms)."""
+    import random
+
+    import numpy as np
+
+    files = sorted(str(p) for p in indexed_folder.rglob("*.jpg"))
+    ds = _JointDataset(files)
+
+    def batches(cls):
+        torch.manual_seed(3)
+        random.seed(3)
+        np.random.seed(3)
+        kw = dict(device="cpu") if cls is DataLoader else {}
+        before = _random_states()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dl = cls(ds, batch_size=5, shuffle=True, num_workers=workers, collate_fn=lambda b: tuple(zip(*b)), **kw)
+        after = _random_states()
+        assert torch.equal(before[0], after[0]) and before[1] == after[1] and (before[2] == after[2]).all()
+        return [(img, tgt) for _ in range(2) for img, tgt in dl]
+
+    theirs, ours = batches(tud.DataLoader), batches(DataLoader)
+    assert len(theirs) == len(ours) == 2 * 8
+    for (ti, tt), (oi, ot) in zip(theirs, ours):
+        assert tt == ot  # the order, and every draw (the flip, Python's, NumPy's)
+        assert all(torch.equal(a, b) for a, b in zip(ti, oi))

@@ -11,6 +11,12 @@ module here and one line in ``_CHOOSERS``.
 """
 from __future__ import annotations
 
+import contextlib
+import random
+
+import numpy as np
+import torch
+
 from ..datasets.sources import resolve
 from ..device import dali_available
 from . import arrays, compiled
@@ -37,9 +43,27 @@ _CHOOSERS = (_per_sample_items, arrays.choose, _without_dali, compiled.choose)
 
 
 def choose(settings: Settings, dataset) -> Backend:
-    """The first backend, in ``_CHOOSERS``' order, that takes ``dataset``."""
-    for chooser in _CHOOSERS:
-        backend = chooser(settings, dataset, resolve)
-        if backend is not None:
-            return backend
+    """The first backend, in ``_CHOOSERS``' order, that takes ``dataset``. Choosing runs the user's code (the
+    dataset's ``__getitem__`` and its transform, to see what they do: ``datasets.discover``, the chains' probes);
+    torch's DataLoader draws nothing when it is built, so the generators that code may draw from are left as
+    they were found (``_random_state_kept``)."""
+    with _random_state_kept():
+        for chooser in _CHOOSERS:
+            backend = chooser(settings, dataset, resolve)
+            if backend is not None:
+                return backend
     raise AssertionError("compiled.choose always answers")  # pragma: no cover
+
+
+@contextlib.contextmanager
+def _random_state_kept():
+    """torch's CPU generator, Python's ``random`` and NumPy's global generator as they were on entry, on exit
+    (a dataset that then runs on torch's workers draws its order and its transforms as it would with torch's
+    DataLoader built in its place). CUDA's generators are not touched: nothing here draws on the device."""
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
