@@ -12,7 +12,8 @@ references' default, whose augmentations work on PIL images), on the same wrappe
 ``collate_fn`` (``lsj-v2``: ``lsj_v2`` below; ``ssd-nocolour``: ``ssd`` without its
 RandomPhotometricDistort, ``ssd-colouronly``: without its zoom-out and IoU crop); ``seg``: the segmentation reference's train preset
 (``--use-v2``, base size 520, crop 480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with
-its ``collate_fn``:
+its ``collate_fn``; ``seg-coco``: the same preset on the segmentation reference's own ``--use-v2`` data (COCO as
+segmentation: ``segmentation_of_coco``; no hand-written DALI row):
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
 - ``gputransforms``: our DataLoader over the same dataset object, with the same arguments
@@ -119,6 +120,14 @@ def segmentation(voc: str, backend: str = "tv_tensor"):
     ds = torchvision.datasets.VOCSegmentation(voc, year="2012", image_set="train", transforms=SegmentationPresetTrain(
         base_size=520, crop_size=480, backend=backend))
     return torchvision.datasets.wrap_dataset_for_transforms_v2(ds)
+
+
+def segmentation_of_coco(coco: tuple, backend: str = "tv_tensor"):
+    """The segmentation reference's own --use-v2 data: COCO as segmentation (``tests.presets.segmentation_coco``:
+    its Compose of CocoDetectionToVOCSegmentation and the train preset, base 520, crop 480)."""
+    from tests.presets import SegmentationPresetTrain, segmentation_coco
+
+    return segmentation_coco(*coco, SegmentationPresetTrain(base_size=520, crop_size=480, backend=backend))
 
 
 class MovedPair:
@@ -379,6 +388,10 @@ def main(argv=None):
                 from tests.presets import segmentation_collate
 
                 data, fn, moved = (lambda: segmentation(voc, a.backend)), segmentation_collate, MovedPair  # noqa: E731
+            elif preset == "seg-coco":
+                from tests.presets import segmentation_collate
+
+                data, fn, moved = (lambda: segmentation_of_coco(coco, a.backend)), segmentation_collate, MovedPair  # noqa: E731
             else:
                 data, fn, moved = (lambda p=preset: dataset(coco, p, a.backend)), collate, Moved  # noqa: E731
             try:

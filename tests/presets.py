@@ -211,6 +211,59 @@ class SegmentationPresetEval:
         return self.transforms(img, target)
 
 
+class CocoDetectionToVOCSegmentation(tv2.Transform):
+    """references/segmentation/v2_extras.py's class of that name (a user's own v2 class there, restated): the
+    wrapped CocoDetection's instance masks merged into one class mask (COCO's categories mapped to VOC's, the
+    pixels of overlapping instances 255), or zeros of the image's size."""
+
+    COCO_TO_VOC = dict(zip([0, 5, 2, 16, 9, 44, 6, 3, 17, 62, 21, 67, 18, 19, 4, 1, 64, 20, 63, 7, 72], range(21)))
+
+    def forward(self, image, target):
+        from torchvision import tv_tensors
+
+        mask = None
+        if "masks" in target:
+            keep = [(i, self.COCO_TO_VOC[c]) for i, c in enumerate(target["labels"].tolist()) if c in self.COCO_TO_VOC]
+            if keep:
+                idx, voc = zip(*keep)
+                masks = target["masks"][list(idx)].to(torch.uint8)
+                mask, _ = (masks * torch.tensor(voc, dtype=torch.uint8).reshape(-1, 1, 1)).max(dim=0)
+                mask[masks.sum(dim=0) > 1] = 255
+        if mask is None:
+            mask = torch.zeros(tv2.functional.get_size(image), dtype=torch.uint8)
+        return image, tv_tensors.Mask(mask)
+
+
+class ReferenceCompose:
+    """references/segmentation/transforms.py's Compose (the joint steps one after the other)."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, image, target):
+        for t in self.transforms:
+            image, target = t(image, target)
+        return image, target
+
+
+def segmentation_coco(images: str, annotations: str, preset, train: bool = True):
+    """references/segmentation/coco_utils.py's ``get_coco`` with ``use_v2=True``, restated: COCO as segmentation
+    (the reference's only dataset with --use-v2), a wrapped CocoDetection of masks and labels, its own Compose of
+    CocoDetectionToVOCSegmentation and the preset, and, for training, the images whose annotations of VOC's
+    categories cover more than 1,000 pixels."""
+    import torchvision
+
+    ds = torchvision.datasets.CocoDetection(images, annotations,
+                                            transforms=ReferenceCompose([CocoDetectionToVOCSegmentation(), preset]))
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(ds, target_keys={"masks", "labels"})
+    if not train:
+        return ds
+    keep = [i for i, img_id in enumerate(ds.ids)
+            if sum(a["area"] for a in ds.coco.loadAnns(ds.coco.getAnnIds(imgIds=img_id))
+                   if a["category_id"] in CocoDetectionToVOCSegmentation.COCO_TO_VOC) > 1000]
+    return torch.utils.data.Subset(ds, keep)
+
+
 def segmentation_collate(batch):  # references/segmentation/utils.py collate_fn (cat_list)
     images, targets = list(zip(*batch))
     return _cat_list(images, 0), _cat_list(targets, 255)

@@ -19,6 +19,7 @@ from presets import (DetectionPresetTrain, SegmentationPresetEval, SegmentationP
 from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 from gputransforms import DataLoader, FallbackWarning, sampledata
 
@@ -206,6 +207,76 @@ def test_the_detection_references_grouped_batch_sampler(coco):
         for a, b, ta, tb in zip(oi, ti, ot, tt):
             assert a.shape == b.shape
             same_targets(ta, tb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["pil", "tensor", "tv_tensor"])
+def test_the_segmentation_references_v2_data_compiles_with_torchvisions_masks(coco, device, backend):
+    """The segmentation reference with --use-v2 reads COCO only: a wrapped CocoDetection whose joint transform is
+    the reference's own Compose of its own class (instance masks merged into a class mask) and the preset, whose
+    steps are a v2 Compose in turn. It compiles (the containers nested two deep, the class recorded after the
+    probe on stand-ins), and gives torch's DataLoader's batches from the same seed: masks exactly, images within
+    the decoders' difference. Before, it ran on torch's DataLoader ("augments PIL images and cannot be recorded")."""
+    from presets import SegmentationPresetEval, segmentation_coco
+
+    for train, preset in ((True, SegmentationPresetTrain(base_size=120, crop_size=96, backend=backend)),
+                          (False, SegmentationPresetEval(base_size=120, backend=backend))):
+        ds = segmentation_coco(*coco, preset, train=train)
+
+        def batches(cls, **kw):
+            torch.manual_seed(4)
+            loader = cls(ds, batch_size=4, shuffle=train, collate_fn=segmentation_collate, **kw)
+            return loader, [(x.cpu(), y.cpu()) for x, y in loader]
+
+        loader, ours = batches(DataLoader, device=device)
+        assert loader.backend == "dali", loader.reason
+        _, theirs = batches(tud.DataLoader)
+        assert len(ours) == len(theirs) > 2
+        for (oi, om), (ti, tm) in zip(ours, theirs):
+            assert om.dtype == tm.dtype == (torch.int64 if train else torch.uint8) and torch.equal(om, tm)
+            assert oi.shape == ti.shape and (oi - ti).abs().mean() < 0.02  # normalized units (~1/255 of a pixel)
+        assert any((m > 0).any() and (m < 255).any() for _, m in ours)  # classes and fill among the masks
+
+
+class _V1Coco(torchvision.datasets.CocoDetection):
+    """The detection reference without --use-v2 (coco_utils.py, restated): a CocoDetection subclass that hands
+    (image, {"image_id", "annotations"}) to joint transforms of its own, which draw from torch's generator."""
+
+    def __init__(self, root, ann):
+        super().__init__(root, ann)
+        self._transforms = self._flip
+
+    @staticmethod
+    def _flip(image, target):
+        image = F.pil_to_tensor(image)
+        if torch.rand(1) < 0.5:
+            image = image.flip(-1)
+        return image, dict(image_id=target["image_id"], n=len(target["annotations"]))
+
+    def __getitem__(self, idx):
+        img, target = super().__getitem__(idx)
+        return self._transforms(img, dict(image_id=self.ids[idx], annotations=target))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_detection_reference_without_v2_runs_as_torchs_loader(coco, workers):
+    """Without --use-v2 the reference's dataset does not compile: it runs on torch's DataLoader, with the advice
+    that compiles it, and gives torch's batches from the same seed (building the loader ran its __getitem__,
+    which drew from torch's generator: backends.choose keeps it)."""
+    ds = tud.Subset(_V1Coco(*coco), list(range(0, 12)))
+
+    def batches(cls, **kw):
+        torch.manual_seed(11)
+        loader = cls(ds, batch_size=4, shuffle=True, num_workers=workers, collate_fn=detection_collate, **kw)
+        return loader, [b for _ in range(2) for b in loader]
+
+    with pytest.warns(FallbackWarning, match="wrap_dataset_for_transforms_v2"):
+        loader, ours = batches(DataLoader, device="cpu")
+    assert loader.backend == "torchvision" and "--use-v2" in loader.reason
+    _, theirs = batches(tud.DataLoader)
+    assert len(ours) == len(theirs) == 6
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        assert ot == tt and all(torch.equal(a, b) for a, b in zip(oi, ti))
 
 
 def test_images_without_annotations_as_torchvision_treats_them(coco):

@@ -196,19 +196,46 @@ def is_detection(dataset) -> bool:
 
 
 def _steps(joint) -> list:
-    """The transforms a joint transform runs, looked up through Compose, the references' preset
-    classes (``.transforms``) and StandardTransform (``.transform``): for the check and for explain()."""
-    t = joint
-    for _ in range(4):
-        if isinstance(t, (list, tuple)):
-            return list(t)
-        inner = getattr(t, "transforms", None)
-        if inner is None and type(t).__name__ == "StandardTransform":
-            inner = t.transform
-        if inner is None:
-            break
-        t = inner
-    return [t]
+    """The transforms a joint transform runs, in order, looked up through the containers that run their
+    transforms one after the other (``_expanded``, nested: the segmentation reference's ``--use-v2`` joint is its
+    own Compose of a class of its own and the preset, whose ``.transforms`` is a v2 Compose): for the check and
+    for explain()."""
+    out: list = []
+    _walk(joint, out, 0)
+    return out
+
+
+def _walk(t, steps: list, depth: int) -> None:
+    inner = _expanded(t) if depth < 8 else None
+    if inner is None:
+        steps.append(t)
+        return
+    for u in inner:
+        _walk(u, steps, depth + 1)
+
+
+def _expanded(t) -> Optional[list]:
+    """What a container may run: a list; torchvision's ``Compose`` (v1 or v2), and its ``RandomApply``,
+    ``RandomChoice`` and ``RandomOrder`` (the recording runs them as written, drawing which to run; the check
+    looks at what they hold); ``StandardTransform``'s transform; an object that is no transform class of
+    torchvision's and holds its steps in ``.transforms`` (the references' presets and their Compose classes).
+    Anything else is a step."""
+    import torchvision.transforms as v1
+    from torchvision.transforms import v2
+
+    if isinstance(t, (list, tuple)):
+        return list(t)
+    if type(t) in (v2.Compose, v1.Compose, v2.RandomApply, v1.RandomApply, v2.RandomChoice, v1.RandomChoice,
+                   v2.RandomOrder, v1.RandomOrder):
+        return list(t.transforms)
+    if type(t).__name__ == "StandardTransform":
+        return [t.transform] if getattr(t, "transform", None) is not None else []
+    inner = getattr(t, "transforms", None)
+    if isinstance(t, v2.Transform) or inner is None:
+        return None
+    if type(inner) in (v2.Compose, v1.Compose) or isinstance(inner, (list, tuple)):
+        return [inner]
+    return None
 
 
 def _first_conversion(joint) -> str:

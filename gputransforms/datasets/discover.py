@@ -47,6 +47,12 @@ _IN_MEMORY = ("its images are encoded bytes in memory, which the DataLoader comp
               "or write the bytes to files and use gputransforms.datasets.ImageList")
 
 
+#: a torchvision detection or segmentation dataset (or a subclass) whose joint transforms are not v2's: the
+#: detection reference without --use-v2 (its CocoDetection subclass and its own transform classes)
+_DETECTION_V2 = ("to compile it, wrap it with torchvision.datasets.wrap_dataset_for_transforms_v2 and give it "
+                 "torchvision.transforms.v2 transforms (the detection reference's --use-v2; docs/datasets.md)")
+
+
 _NOT_FILES = ("to compile it, give decoded images as a uint8 TensorDataset (N, C, H, W) or a torchvision in-memory "
               "dataset (docs/in-memory.md), or files to gputransforms.datasets.ImageList")
 
@@ -192,7 +198,14 @@ def transform_attribute(ds) -> str:
     if len(found) == 1:
         return found[0]
     raise _Undiscoverable("has no `transform` attribute" if not found
-                          else f"has several transforms ({', '.join(found)}) and it is not clear which one it applies")
+                          else f"has several transforms ({', '.join(found)}) and it is not clear which one it applies",
+                          _DETECTION_V2 if _is_torchvision_detection(ds) else _IMAGELIST)
+
+
+def _is_torchvision_detection(ds) -> bool:
+    from torchvision import datasets
+
+    return isinstance(ds, (datasets.CocoDetection, datasets.VOCDetection, datasets.VOCSegmentation))
 
 
 def discover(ds):
