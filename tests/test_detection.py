@@ -215,8 +215,9 @@ def test_the_segmentation_references_v2_data_compiles_with_torchvisions_masks(co
     """The segmentation reference with --use-v2 reads COCO only: a wrapped CocoDetection whose joint transform is
     the reference's own Compose of its own class (instance masks merged into a class mask) and the preset, whose
     steps are a v2 Compose in turn. It compiles (the containers nested two deep, the class recorded after the
-    probe on stand-ins), and gives torch's DataLoader's batches from the same seed: masks exactly, images within
-    the decoders' difference. Before, it ran on torch's DataLoader ("augments PIL images and cannot be recorded")."""
+    probe on stand-ins; the class mask it makes recorded from its first functional on), and gives torch's
+    DataLoader's batches from the same seed: masks exactly, images within the decoders' difference. Before, it ran
+    on torch's DataLoader ("augments PIL images and cannot be recorded")."""
     from presets import SegmentationPresetEval, segmentation_coco
 
     for train, preset in ((True, SegmentationPresetTrain(base_size=120, crop_size=96, backend=backend)),
@@ -230,6 +231,9 @@ def test_the_segmentation_references_v2_data_compiles_with_torchvisions_masks(co
 
         loader, ours = batches(DataLoader, device=device)
         assert loader.backend == "dali", loader.reason
+        # the class mask the reference's class makes is recorded from its first functional on (not resized
+        # whole by torchvision's kernel before the crop keeps a part of it)
+        assert "made in one gather" in loader.explain()
         _, theirs = batches(tud.DataLoader)
         assert len(ours) == len(theirs) > 2
         for (oi, om), (ti, tm) in zip(ours, theirs):

@@ -64,6 +64,9 @@ def _recording_kernel(functional, registered):
     def kernel(inpt, *args, **kwargs):
         rec = getattr(_LOCAL, "record", None)
         ops = rec.ops.get(_key(inpt)) if rec is not None else None
+        if ops is None and rec is not None and rec.masks_in is not None and name in joint_masks.MASK_OPS and \
+                joint_masks.wanted(inpt):  # a real mask of the sample's, from here on a stand-in (``record``)
+            ops = [(joint_masks.SOURCE, {"source": inpt}, tuple(inpt.shape[-2:]))]
         if ops is None:  # not one of ours (another thread's torchvision call while the kernels are swapped)
             return registered(inpt, *args, **kwargs)
         if joint_masks.made(ops):
@@ -232,9 +235,11 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
         masks: list = []
         map_tensors(target, lambda t: masks.append(t) if isinstance(t, tv_tensors.Mask) else None)
         lazy = bool(masks) and all(joint_masks.wanted(t) for t in masks)
-    if lazy:
-        target = map_tensors(target, lambda t: rec.stand_in(t, tuple(t.shape), t.dtype, [
-            (joint_masks.SOURCE, {"source": t}, tuple(t.shape[-2:]))]) if joint_masks.wanted(t) else t)
+        # a mask becomes a stand-in where it meets its first functional (``_recording_kernel``): one of the
+        # target's, or one the transform made from them (the segmentation reference merges the instance masks
+        # into a class mask first, reading their values); the target's masks it hands back untouched are
+        # these objects
+        rec.masks_in = {id(t) for t in masks} if lazy else None
     prev = getattr(_LOCAL, "record", None)
     _LOCAL.record = rec
     try:
@@ -252,8 +257,9 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
 
 
 def _made(rec: _Record, t: torch.Tensor) -> torch.Tensor:
-    """A target tensor as it leaves a recording with lazy masks: a mask stand-in made from its record;
-    any other Mask (one that left its stand-in by another way than the recorded functionals) refused."""
+    """A target tensor as it leaves a recording with lazy masks: a mask stand-in made from its record; one of
+    the target's masks handed back untouched as it is; any other Mask (one that left its stand-in by another way
+    than the recorded functionals) refused."""
     ops = rec.ops.get(t.data_ptr()) if t.numel() else None
     if ops is not None and joint_masks.made(ops):
         mask = ops[0][1]["source"].as_subclass(torch.Tensor) if len(ops) == 1 else joint_masks.realize(ops)
@@ -262,7 +268,7 @@ def _made(rec: _Record, t: torch.Tensor) -> torch.Tensor:
         out = mask.as_subclass(type(t))
         out.__dict__.update(mask.__dict__)
         return out
-    if ops is not None or isinstance(t, tv_tensors.Mask):
+    if ops is not None or (isinstance(t, tv_tensors.Mask) and id(t) not in rec.masks_in):
         raise joint_masks.MaskUnrecordable("a mask left the transform other than through its functionals")
     return t
 

@@ -68,6 +68,7 @@ class _Record:
         self.ops: dict[int, list] = {}
         self.alive: list = []  # the stand-ins, so that no address is reused while the record lives
         self.value = value  # every stand-in's one value (None: left uninitialised)
+        self.masks_in: Optional[set] = None  # with lazy masks: ids of the target's masks (``joint.record``)
 
     def stand_in(self, like, shape, dtype, ops: list):
         if isinstance(like, PIL.Image.Image):

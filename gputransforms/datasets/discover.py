@@ -197,9 +197,11 @@ def transform_attribute(ds) -> str:
     found = [k for k, v in vars(ds).items() if is_transform(v)]
     if len(found) == 1:
         return found[0]
-    raise _Undiscoverable("has no `transform` attribute" if not found
-                          else f"has several transforms ({', '.join(found)}) and it is not clear which one it applies",
-                          _DETECTION_V2 if _is_torchvision_detection(ds) else _IMAGELIST)
+    reason = "has no `transform` attribute" if not found else \
+        f"has several transforms ({', '.join(found)}) and it is not clear which one it applies"
+    if _is_torchvision_detection(ds):
+        raise _Undiscoverable(reason, _DETECTION_V2)
+    raise _Undiscoverable(reason)
 
 
 def _is_torchvision_detection(ds) -> bool:
