@@ -349,3 +349,19 @@ def test_an_auto_augment_build_rewrites_only_what_branches(photo_folder, device,
             t.join()
     assert config.CONVERSION_RULES == rules and dali_trace.is_tracing_enabled() == traced
     assert [str(w.message) for w in caught if "nvidia" in w.filename] == []  # DALI's notes stay ours
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights", ["ResNet50_Weights", "EfficientNet_B0_Weights", "ViT_B_16_Weights"])
+def test_model_weights_preprocessing_compiles_and_matches(photo_folder, device, weights):
+    """``weights.transforms()`` (torchvision's ImageClassification: the eval preprocessing of torchvision's model
+    docs and of the classification reference's --test-only --weights) is the graph's resize and one fused
+    crop-normalize, as the eval preset is, and gives torchvision's images (bilinear and bicubic; resize sizes 232
+    and 256). It ran on torch's DataLoader before ("ImageClassification: no DALI lowering")."""
+    tf = getattr(torchvision.models, weights).DEFAULT.transforms()
+    p = plan(tf)
+    assert not p.tail and [s.op for s in p.steps] == ["decode", "resize", "crop_mirror_normalize"]
+    got, ref = sidebyside.ours(photo_folder, tf, device), theirs(photo_folder, tf)
+    std = torch.tensor(tf.std)[:, None, None]
+    assert got.shape == ref.shape == (48, 3, 224, 224)
+    assert ((got - ref).abs() * std * 255).mean() < (0.3 if device == "cpu" else 1.0)

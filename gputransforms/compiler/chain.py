@@ -67,7 +67,8 @@ def _stock_compose(t) -> bool:
 
 def flatten(transform) -> list:
     """The chain's transforms in order: Compose (ours, torchvision's v1 and v2) and the reference
-    presets' wrappers opened, Identity and ToPureTensor dropped."""
+    presets' wrappers opened, torchvision's model preprocessing (``weights.transforms()``) as its steps,
+    Identity and ToPureTensor dropped."""
     if transform is None:
         return []
     if _stock_compose(transform):
@@ -77,10 +78,32 @@ def flatten(transform) -> list:
         return out
     if isinstance(transform, (tv2.Identity, tv2.ToPureTensor)) and user_override(transform) is None:
         return []  # ToPureTensor only unwraps tv_tensors: our batches are plain tensors already
+    if type(transform) is _image_classification():
+        return model_preprocessing(transform)
     if type(transform).__name__ in PRESET_WRAPPERS and isinstance(getattr(transform, "transforms", None),
                                                                   (tv1.Compose, tv2.Compose)):
         return flatten(transform.transforms)
     return [transform]
+
+
+def _image_classification() -> type:
+    from torchvision.transforms._presets import ImageClassification
+
+    return ImageClassification
+
+
+def model_preprocessing(t) -> list:
+    """torchvision's ``ImageClassification`` (what ``weights.transforms()`` gives for every classification
+    model: the eval preprocessing of torchvision's model docs and of the classification reference's
+    ``--test-only --weights``) as the steps its ``forward`` calls: ``resize`` to ``resize_size`` with its
+    interpolation and antialias, ``center_crop``, ``pil_to_tensor`` where the image is a PIL image (v2's
+    ``PILToTensor`` leaves a tensor as it is, as that ``forward`` does), ``convert_image_dtype`` to float and
+    ``normalize``: the same functionals, in the same order, so the same meaning."""
+    import torch
+
+    return [tv2.Resize(t.resize_size, interpolation=t.interpolation, antialias=t.antialias),
+            tv2.CenterCrop(t.crop_size), tv2.PILToTensor(), tv2.ToDtype(torch.float32, scale=True),
+            tv2.Normalize(mean=t.mean, std=t.std)]
 
 
 #: torchvision's classification references wrap a Compose in a class whose __call__ is
