@@ -510,10 +510,10 @@ def is_user_detection(dataset) -> bool:
 def resolve_user_detection(ds) -> FileSamples:
     joint = ds.transforms
     try:
-        paths, targets = discover.discover_joint(ds)
+        paths, targets, read_as = discover.discover_joint(ds)
     except discover.NotJoint:  # a classification Dataset whose transform is named ``transforms``
         return adapters.resolve(ds)
-    kind = _first_conversion(joint)
+    kind = read_as or _first_conversion(joint)  # (read_as: a tensor read by torchvision.io.read_image)
     names = [type(t).__name__ for t in _steps(joint)]
     made = ("found once on black images of each file's size" if targets is not None else
             "made per sample as it reads them, its other files (masks) read and its image black of the file's size")

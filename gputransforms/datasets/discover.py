@@ -13,8 +13,10 @@ DataLoader as it is.
 
 What this cannot see: randomness or state inside ``__getitem__`` outside the transform (a random
 target is drawn once, here), and opens through functions bound before import (``from PIL.Image
-import open``) or other decoders (``cv2``, ``torchvision.io``): those datasets are reported as not
-opening a file.
+import open``) or other decoders (``cv2``; ``torchvision.io`` for a classification Dataset): those datasets are
+reported as not opening a file. A detection or segmentation Dataset (``discover_joint``) may read its files with
+``torchvision.io.read_image`` (the detection tutorial's ``PennFudanDataset``): its ``read_file`` and
+``decode_image``, which ``read_image`` looks up when called, are intercepted as ``PIL.Image.open`` is.
 """
 from __future__ import annotations
 
@@ -24,14 +26,17 @@ import threading
 import weakref
 from typing import Optional
 
+import torch
 from PIL import Image
+from torchvision import tv_tensors
 
 from ..compiler.joint import same
 from ..errors import NotCompilable
 
 _local = threading.local()
 _lock = threading.Lock()
-_installed = [0, None, None]  # users of the interception, the real PIL.Image.open and Image.convert
+#: users of the interception, the real PIL.Image.open and Image.convert, torchvision.io's read_file and decode_image
+_installed: list = [0, None, None, None, None]
 _SIZE = (23, 17)  # the placeholder: a size and pattern no user code produces by chance
 _OPENED = "gputransforms: opened"  # a sized placeholder's place among the opens of its sample
 #: in a placeholder's info: True while it is the image as PIL opened it, False once converted to RGB (PIL's
@@ -51,6 +56,12 @@ _IN_MEMORY = ("its images are encoded bytes in memory, which the DataLoader comp
 #: detection reference without --use-v2 (its CocoDetection subclass and its own transform classes)
 _DETECTION_V2 = ("to compile it, wrap it with torchvision.datasets.wrap_dataset_for_transforms_v2 and give it "
                  "torchvision.transforms.v2 transforms (the detection reference's --use-v2; docs/datasets.md)")
+
+
+#: a detection or segmentation Dataset whose image is not found by running it
+_JOINT_FILES = ("to compile it, open the image with PIL.Image.open(path).convert(\"RGB\") or "
+                "torchvision.io.read_image(path) in __getitem__, or wrap a torchvision detection dataset with "
+                "torchvision.datasets.wrap_dataset_for_transforms_v2 (docs/datasets.md)")
 
 
 _NOT_FILES = ("to compile it, give decoded images as a uint8 TensorDataset (N, C, H, W) or a torchvision in-memory "
@@ -116,6 +127,48 @@ def _open(fp, *args, **kwargs):
     return opened_placeholder()
 
 
+def _read_file(path):
+    """``torchvision.io``'s ``read_file`` during a sized probe (``discover_joint``): the bytes as it reads them,
+    the file recorded as opened, and where its ``decode_image`` then decodes them: black of the file's own
+    size (``_decode_image``)."""
+    data = _installed[3](path)
+    calls = getattr(_local, "calls", None)
+    if calls is not None and getattr(_local, "sized", False):
+        calls.append(os.path.abspath(os.fsdecode(path)))
+        _local.reads[id(data)] = (calls[-1], len(calls), data)
+    return data
+
+
+def _decode_image(input, mode=None, apply_exif_orientation: bool = False):
+    """``torchvision.io``'s ``decode_image`` (what its ``read_image`` calls) during a sized probe: the bytes of a
+    file ``_read_file`` read come back black, uint8 (C, H, W) of the file's size, C the channels torchvision
+    gives (ImageReadMode.RGB: 3; UNCHANGED: those of the file, 3 for RGB); a file read after the image, where
+    the probe reads the rest for real (``rest="real"``), and anything else are decoded as torchvision does."""
+    real = _installed[4]
+    calls = getattr(_local, "calls", None)
+    if calls is not None and getattr(_local, "sized", False) and not isinstance(input, torch.Tensor):
+        input = _read_file(str(input))
+    read = getattr(_local, "reads", {}).get(id(input)) if calls is not None and getattr(_local, "sized", False) \
+        else None
+    if read is None or read[2] is not input or (read[1] > 1 and _local.rest == "real"):
+        return real(input, mode, apply_exif_orientation=apply_exif_orientation) if mode is not None else \
+            real(input, apply_exif_orientation=apply_exif_orientation)
+    from torchvision.io import ImageReadMode
+
+    path, order = read[0], read[1]
+    name = mode.upper() if isinstance(mode, str) else getattr(mode, "name", "UNCHANGED")
+    with _installed[1](path) as img:
+        size = img.size
+        channels = {"RGB": 3, "GRAY": 1, "RGB_ALPHA": 4, "GRAY_ALPHA": 2}.get(name) or \
+            {"RGB": 3, "L": 1, "RGBA": 4, "LA": 2}.get(img.mode)
+    if channels is None:  # (a palette, CMYK, 16 bits, ...: as torchvision decodes it)
+        channels = real(input, mode if mode is not None else ImageReadMode.UNCHANGED).shape[0]
+    black = torch.zeros((channels, size[1], size[0]), dtype=torch.uint8)
+    if order == 1:
+        _local.first_size, _local.first_tensor = size, black
+    return black
+
+
 def opened_placeholder() -> Image.Image:
     """The placeholder as a probe's ``PIL.Image.open`` hands it out: marked as opened, not yet converted to RGB
     (``as_opened``, while ``watching()``)."""
@@ -154,22 +207,33 @@ class _intercept:
         self.sized, self.rest = sized, rest
 
     def __enter__(self):
+        from torchvision.io import image as tv_io
+
         with _lock:
             if _installed[0] == 0:
                 _installed[1], _installed[2] = Image.open, Image.Image.convert
                 Image.open, Image.Image.convert = _open, _convert
+                # torchvision.io's read_image looks both up in its module when called: a dataset that bound
+                # read_image at import (the detection tutorial's) is seen too
+                _installed[3], _installed[4] = tv_io.read_file, tv_io.decode_image
+                tv_io.read_file, tv_io.decode_image = _read_file, _decode_image
             _installed[0] += 1
         _local.calls = []
         _local.sized, _local.rest, _local.first_size = self.sized, self.rest, None
+        _local.reads, _local.first_tensor = {}, None
         return _local.calls
 
     def __exit__(self, *exc):
+        from torchvision.io import image as tv_io
+
         _local.calls = None
         _local.sized = False
+        _local.reads, _local.first_tensor = {}, None
         with _lock:
             _installed[0] -= 1
             if _installed[0] == 0 and Image.open is _open:
                 Image.open, Image.Image.convert = _installed[1], _installed[2]
+                tv_io.read_file, tv_io.decode_image = _installed[3], _installed[4]
 
 
 class Recorder:
@@ -334,8 +398,10 @@ class JointRecorder:
 
 
 def discover_joint(ds) -> tuple:
-    """``(paths, targets)`` of a user's detection or segmentation Dataset: ``__getitem__`` opens an image with
-    ``PIL.Image.open``, makes its target (a dict of tv_tensors, a ``Mask``), and returns
+    """``(paths, targets, kind)`` of a user's detection or segmentation Dataset: ``__getitem__`` opens an image
+    with ``PIL.Image.open`` (``kind`` None), or reads it with ``torchvision.io.read_image`` (``kind`` "image" where
+    it hands the transform a ``tv_tensors.Image``, "tensor" a plain tensor: the detection tutorial's way), makes
+    its target (a dict of tv_tensors, a ``Mask``), and returns
     ``self.transforms(image, target)``. Each index runs once with the image black and of the file's own size
     (nothing decoded), its target kept as it went into ``self.transforms``. Where it opens more files after
     the image (a mask), those stand black in their own mode and size here, and ``targets`` is None: each
@@ -347,7 +413,7 @@ def discover_joint(ds) -> tuple:
     n = _length(ds, name)
     probe, recorder = _joint_probe(ds)
     getitem = type(ds).__getitem__
-    paths, targets, more = [], [], False
+    paths, targets, more, kind = [], [], False, None
     try:
         with _intercept(sized=True) as calls:
             for i in range(n):
@@ -363,6 +429,13 @@ def discover_joint(ds) -> tuple:
                 paths.append(_check_joint(i, calls, recorder, out, pixels=i < 64 or i % 997 == 0))
                 more = more or len(calls) > 1
                 targets.append(recorder.seen[0][1])
+                image = recorder.seen[0][0]
+                read_as = None if isinstance(image, Image.Image) else \
+                    "image" if isinstance(image, tv_tensors.Image) else "tensor"
+                if i and read_as != kind:
+                    raise _Undiscoverable(f"hands self.transforms its image as a {type(image).__name__} for index "
+                                          f"{i} and otherwise for index 0")
+                kind = read_as
         if more:
             targets = None
         if n:
@@ -376,7 +449,7 @@ def discover_joint(ds) -> tuple:
                 raise _Undiscoverable("passes a second image in its target (a mask is a tv_tensors.Mask)")
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
-    return paths, targets
+    return paths, targets, kind
 
 
 def _joint_probe(ds) -> tuple:
@@ -427,10 +500,24 @@ def _has_image(target) -> bool:
 
 def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool) -> str:
     if not calls:
-        raise _Undiscoverable("opens no image with PIL.Image.open")
+        raise _Undiscoverable("opens no image with PIL.Image.open or torchvision.io.read_image", _JOINT_FILES)
     if len(recorder.seen) != 1 or len(recorder.seen[0]) != 2:
         raise _Undiscoverable("does not call self.transforms(image, target) once")
     img = recorder.seen[0][0]
+    if isinstance(img, torch.Tensor):  # read by torchvision.io.read_image (the detection tutorial's way)
+        first = _local.first_tensor
+        if first is None or img.data_ptr() != first.data_ptr() or img.shape != first.shape or \
+                (pixels and bool(img.as_subclass(torch.Tensor).any())):
+            raise _Undiscoverable("changes the image between reading it and self.transforms (a crop, a resize, a "
+                                  "conversion), or hands it another file's image")
+        if img.ndim != 3 or img.shape[0] != 3:
+            raise _Undiscoverable(f"hands self.transforms its image with {img.shape[0]} channels, as "
+                                  f"torchvision.io reads {calls[0]} (the graph decodes RGB)",
+                                  "to compile it, read it as RGB (read_image(path, ImageReadMode.RGB))")
+        if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder.IMAGE or \
+                out[1] is not recorder.TARGET:
+            raise _Undiscoverable("does not return self.transforms(image, target)")
+        return calls[0]
     if isinstance(img, Image.Image) and img.info.get(_OPENED, 1) != 1:
         raise _Undiscoverable("opens another file before its image (open the image first: the other files are "
                               "read as they are, the first one is the image the graph decodes)")
