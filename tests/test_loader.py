@@ -433,3 +433,46 @@ def test_building_a_loader_leaves_the_random_state_as_torchs_does(indexed_folder
     for (ti, tt), (oi, ot) in zip(theirs, ours):
         assert tt == ot  # the order, and every draw (the flip, Python's, NumPy's)
         assert all(torch.equal(a, b) for a, b in zip(ti, oi))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_imagefolder_with_torchvisions_decode_image_loader(photo_folder, tmp_path, device):
+    """``ImageFolder(root, transform, loader=torchvision.io.decode_image)`` (torchvision's v2 docs' way) hands the
+    transform a uint8 (3, H, W) tensor: the chain is planned on a tensor (v2's ToImage a no-op), compiles, and
+    gives torchvision's images; a v1 ToTensor raises torchvision's own TypeError there, on both loaders; a file of
+    other than 3 channels runs as written, with that reason. It ran on torch's DataLoader before ("a custom
+    loader")."""
+    from torchvision.io import decode_image
+    from torchvision.transforms import v2
+
+    eval_v2 = v2.Compose([v2.ToImage(), v2.Resize(72), v2.CenterCrop(64), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    for tf, worst in ((eval_v2, 0.6), (v2.Compose([v2.Resize((40, 48))]), 0.3)):
+        ds = torchvision.datasets.ImageFolder(str(photo_folder), tf, loader=decode_image)
+        loader = DataLoader(ds, batch_size=16, device=device)
+        assert loader.backend == "dali", loader.reason
+        got = torch.cat([x.cpu() for x, _ in loader])
+        ref = torch.stack([ds[i][0] for i in range(len(ds))])
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        scale = torch.tensor([0.229, 0.224, 0.225])[:, None, None] * 255 if got.is_floating_point() else 1
+        assert ((got.double() - ref.double()).abs() * scale).mean() < (worst if device == "cpu" else 1.0)
+    v1 = torchvision.datasets.ImageFolder(str(photo_folder), T.Compose([T.Resize(64), T.ToTensor()]),
+                                          loader=decode_image)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = DataLoader(v1, batch_size=16, device=device)
+    assert loader.backend == "torchvision" and "ToTensor" in loader.reason
+    with warnings.catch_warnings():  # a Subset's files are read as its dataset reads them
+        warnings.simplefilter("ignore")
+        assert DataLoader(tud.Subset(v1, [0, 2]), batch_size=2, device=device).backend == "torchvision"
+    with pytest.raises(TypeError, match="pic should be PIL Image") as ours:
+        next(iter(loader))
+    with pytest.raises(TypeError) as ref:
+        next(iter(tud.DataLoader(v1, batch_size=16)))
+    assert str(ours.value) == str(ref.value)
+    grey = tmp_path / "grey" / "a"
+    grey.mkdir(parents=True)
+    Image.new("L", (32, 24), 90).save(grey / "0.png")
+    with pytest.warns(FallbackWarning, match="other than 3 channels"):
+        DataLoader(torchvision.datasets.ImageFolder(str(tmp_path / "grey"), eval_v2, loader=decode_image),
+                   batch_size=1, device=device)

@@ -348,7 +348,8 @@ VIDEO_DECODERS = ("pyav", "pyav-yuv", "pyav-rgb", "nvdec")
 def plan(transform: Callable, input: str = "image", *, device: str = "cpu", video_decoder: str = "pyav") -> Plan:
     """Plan ``transform`` (a Compose of torchvision v1/v2 or gputransforms transforms).
 
-    ``input``: "image" (files PIL would open), or the frames of video clips as torchvision's
+    ``input``: "image" (files PIL would open), "image tensor" (files ``torchvision.io.decode_image`` reads: the
+    chain is handed a uint8 (3, H, W) tensor), or the frames of video clips as torchvision's
     ``VideoClips`` hands them to the transform: "video TCHW" (a batch of images to torchvision's
     transforms: one set of random parameters per clip, applied to every frame) or "video THWC"
     (what torchvision's transforms do not read as images: the whole chain runs per clip).
@@ -367,6 +368,12 @@ def plan(transform: Callable, input: str = "image", *, device: str = "cpu", vide
                            frames="yuv420" if yuv else "rgb")
     transforms = flatten(transform)
     planner = _Planner()
+    if input == "image tensor":  # torchvision.io's decode_image as the loader: the chain gets a uint8 CHW tensor
+        transforms, refused = _on_a_tensor(transforms)
+        if refused:
+            return Plan(steps=[], tail=transforms, tail_reason=refused, output="image", out_dtype=torch.uint8,
+                        compiled=False)
+        planner.tensor = True
     decode = Step("decode", {}, [])
     planner.steps.append(decode)
     i = 0
@@ -393,6 +400,22 @@ def plan(transform: Callable, input: str = "image", *, device: str = "cpu", vide
     last = steps[-1].args
     return Plan(steps=steps, tail=tail, tail_reason=reason, output="tensor" if last["layout"] == "CHW" else "image",
                 out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine)
+
+
+def _on_a_tensor(transforms: list) -> tuple:
+    """A chain handed torchvision.io's uint8 (3, H, W) tensor: (its steps without v2's conversions to a tensor,
+    which leave a tensor as it is; a reason it is not compiled, or ""). torchvision's v1 ``ToTensor`` and
+    ``PILToTensor`` raise on a tensor, and a chain that goes back to PIL images is left as written: those run on
+    torch's DataLoader, where torchvision raises or converts as it does."""
+    import torchvision.transforms as tv1
+    from torchvision.transforms import v2 as tv2
+
+    for t in transforms:
+        if type(t) in (tv1.ToTensor, tv1.PILToTensor, tv1.ToPILImage, tv2.ToPILImage):
+            return transforms, (f"{type(t).__name__}: the loader (torchvision.io) hands the transform a tensor, which "
+                                f"torchvision's v1 {type(t).__name__} does not take as a PIL image; to compile it, use "
+                                "v2's ToDtype(torch.float32, scale=True) on the tensor, or leave loader= at its default")
+    return [t for t in transforms if type(t) not in (tv2.ToImage, tv2.PILToTensor, tv2.ToTensor)], ""
 
 
 def _plan_video(transforms: list, layout: str, decoder: str, frames: str) -> Plan:

@@ -55,9 +55,11 @@ class FileSamples:
 
     def select(self, indices) -> "FileSamples":
         idx = [int(i) for i in indices]
-        return FileSamples([self.paths[i] for i in idx], [self.targets[i] for i in idx], self.transform,
-                           None if self.target_transforms is None else [self.target_transforms[i] for i in idx],
-                           self.origin)
+        out = FileSamples([self.paths[i] for i in idx], [self.targets[i] for i in idx], self.transform,
+                          None if self.target_transforms is None else [self.target_transforms[i] for i in idx],
+                          self.origin)
+        out.plan_input = self.plan_input  # (a Subset's files are read as the dataset reads them)
+        return out
 
     # what the loader asks of any samples object (``datasets.video.ClipSamples`` answers the same)
     plan_input = "image"  # what the graph's first step decodes: compiler.plan.plan(..., input=plan_input)
@@ -106,15 +108,36 @@ def _from_rows(ds, paths, targets) -> FileSamples:
     """What most datasets are: ``transform(loader(paths[i]))`` and ``target_transform(targets[i])``,
     compiled when the loader is PIL's RGB one (older torchvision datasets open files inline the same
     way) and no joint ``transforms`` was given."""
-    if _compat.dataset_loader(ds) not in (default_loader, pil_loader):
-        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does",
-                            "to compile it, leave loader= at its default")
+    loader = _compat.dataset_loader(ds)
+    tensors = _is_torchvision_io_loader(loader)
+    if loader not in (default_loader, pil_loader) and not tensors:
+        raise NotCompilable(f"{type(ds).__name__} has a custom loader; DALI decodes only what PIL's RGB loader does "
+                            "and torchvision.io's decode_image reads from an RGB file",
+                            "to compile it, leave loader= at its default or give torchvision.io.decode_image")
     joint = getattr(ds, "transforms", None)
     if joint is not None and not isinstance(joint, StandardTransform):
         raise NotCompilable(f"{type(ds).__name__} was given a joint `transforms` (image and target together)",
                             "to compile the image chain, pass it as transform= and the target's as target_transform=")
-    return FileSamples([os.fspath(p) for p in paths], list(targets), ds.transform,
-                       None if ds.target_transform is None else [ds.target_transform] * len(paths))
+    paths = [os.fspath(p) for p in paths]
+    if tensors:
+        bad = discover.first_not_rgb((p, p) for p in paths)
+        if bad is not None:
+            raise NotCompilable(f"{type(ds).__name__} reads its files with torchvision.io.{loader.__name__}, which "
+                                f"gives {bad[0]} (mode {bad[1]}) other than 3 channels; the graph decodes RGB",
+                                "to compile it, convert the files to RGB, or leave loader= at its default")
+    out = FileSamples(paths, list(targets), ds.transform,
+                      None if ds.target_transform is None else [ds.target_transform] * len(paths))
+    if tensors:  # the transform is handed torchvision.io's uint8 (3, H, W) tensor, not a PIL image
+        out.plan_input = "image tensor"
+    return out
+
+
+def _is_torchvision_io_loader(loader) -> bool:
+    """``torchvision.io.decode_image`` or ``read_image`` as a dataset's ``loader`` (torchvision's v2 docs' way):
+    the file as a uint8 (C, H, W) tensor, EXIF orientation not applied, as PIL's loader does not apply it."""
+    import torchvision.io as tv_io
+
+    return loader is getattr(tv_io, "decode_image", None) or loader is getattr(tv_io, "read_image", None)
 
 
 def _pairs(ds, pairs) -> FileSamples:
