@@ -1,5 +1,6 @@
 """DataLoader semantics against torch's: coverage, order, batching, labels, fallbacks."""
 
+import os
 import warnings
 
 import pytest
@@ -476,3 +477,49 @@ def test_imagefolder_with_torchvisions_decode_image_loader(photo_folder, tmp_pat
     with pytest.warns(FallbackWarning, match="other than 3 channels"):
         DataLoader(torchvision.datasets.ImageFolder(str(tmp_path / "grey"), eval_v2, loader=decode_image),
                    batch_size=1, device=device)
+
+
+class _TutorialImages(tud.Dataset):
+    """PyTorch's "Datasets & DataLoaders" tutorial's CustomImageDataset, restated (a list of rows for its pandas
+    table): the image read with torchvision.io.read_image, the label from the row."""
+
+    def __init__(self, rows, img_dir, transform=None, target_transform=None):
+        self.img_labels, self.img_dir = rows, img_dir
+        self.transform, self.target_transform = transform, target_transform
+
+    def __len__(self):
+        return len(self.img_labels)
+
+    def __getitem__(self, idx):
+        from torchvision.io import read_image
+
+        image = read_image(os.path.join(self.img_dir, self.img_labels[idx][0]))
+        label = self.img_labels[idx][1]
+        if self.transform:
+            image = self.transform(image)
+        if self.target_transform:
+            label = self.target_transform(label)
+        return image, label
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_data_tutorials_dataset_compiles(photo_folder, tmp_path, device):
+    """PyTorch's data tutorial's Dataset reads its images with torchvision.io.read_image: it compiles (the reads
+    found by running it on a placeholder tensor, the chain planned on the tensor), with torchvision's images and
+    the labels; a grey file read as it is (1 channel) runs as written, with that reason. It ran on torch's
+    DataLoader before ("opens no image with PIL.Image.open")."""
+    from torchvision.transforms import v2
+
+    root = str(photo_folder)
+    rows = [(os.path.relpath(p, root), k % 3) for k, p in enumerate(sorted(photo_folder.rglob("*.jpg")))]
+    tf = v2.Compose([v2.Resize(72), v2.CenterCrop(64), v2.ToDtype(torch.float32, scale=True)])
+    ds = _TutorialImages(rows, root, transform=tf)
+    loader = DataLoader(ds, batch_size=16, device=device)
+    assert loader.backend == "dali", loader.reason
+    got, labels = zip(*((x.cpu(), y.cpu()) for x, y in loader))
+    got, ref = torch.cat(got), torch.stack([ds[i][0] for i in range(len(ds))])
+    assert got.shape == ref.shape and ((got - ref).abs() * 255).mean() < (0.3 if device == "cpu" else 1.0)
+    assert torch.cat(labels).tolist() == [r[1] for r in rows]
+    Image.new("L", (32, 24), 90).save(tmp_path / "grey.png")
+    with pytest.warns(FallbackWarning, match="not 3 channels"):
+        DataLoader(_TutorialImages([("grey.png", 0)], str(tmp_path), transform=tf), batch_size=1, device=device)

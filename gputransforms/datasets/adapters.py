@@ -264,10 +264,12 @@ def resolve(dataset) -> FileSamples:
     if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile",
                             "to compile it, give the files and targets to gputransforms.datasets.ImageList")
-    paths, targets, chain = discover.discover(dataset)
-    return FileSamples(paths, targets, chain, None,
-                       f"found by running {name}.__getitem__ on a placeholder image for each of its "
-                       f"{len(paths)} indices (no file decoded; datasets/discover.py)")
+    paths, targets, chain, plan_input = discover.discover(dataset)
+    out = FileSamples(paths, targets, chain, None,
+                      f"found by running {name}.__getitem__ on a placeholder image for each of its "
+                      f"{len(paths)} indices (no file decoded; datasets/discover.py)")
+    out.plan_input = plan_input  # "image tensor": read with torchvision.io, the chain gets a uint8 (3, H, W) tensor
+    return out
 
 
 def same_chain(a, b) -> bool:

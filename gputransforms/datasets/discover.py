@@ -82,6 +82,9 @@ def _template() -> Image.Image:
 
 _TEMPLATE = _template()
 _PATTERN = _TEMPLATE.tobytes()
+#: the placeholder as torchvision.io's decode_image would give it: uint8 (3, H, W)
+_TENSOR_TEMPLATE = torch.frombuffer(bytearray(_PATTERN), dtype=torch.uint8).reshape(_SIZE[1], _SIZE[0], 3).permute(
+    2, 0, 1).contiguous()
 
 
 def placeholder() -> Image.Image:
@@ -133,7 +136,7 @@ def _read_file(path):
     size (``_decode_image``)."""
     data = _installed[3](path)
     calls = getattr(_local, "calls", None)
-    if calls is not None and getattr(_local, "sized", False):
+    if calls is not None:
         calls.append(os.path.abspath(os.fsdecode(path)))
         _local.reads[id(data)] = (calls[-1], len(calls), data)
     return data
@@ -146,10 +149,9 @@ def _decode_image(input, mode=None, apply_exif_orientation: bool = False):
     the probe reads the rest for real (``rest="real"``), and anything else are decoded as torchvision does."""
     real = _installed[4]
     calls = getattr(_local, "calls", None)
-    if calls is not None and getattr(_local, "sized", False) and not isinstance(input, torch.Tensor):
+    if calls is not None and not isinstance(input, torch.Tensor):
         input = _read_file(str(input))
-    read = getattr(_local, "reads", {}).get(id(input)) if calls is not None and getattr(_local, "sized", False) \
-        else None
+    read = getattr(_local, "reads", {}).get(id(input)) if calls is not None else None
     if read is None or read[2] is not input or (read[1] > 1 and _local.rest == "real"):
         return real(input, mode, apply_exif_orientation=apply_exif_orientation) if mode is not None else \
             real(input, apply_exif_orientation=apply_exif_orientation)
@@ -157,6 +159,10 @@ def _decode_image(input, mode=None, apply_exif_orientation: bool = False):
 
     path, order = read[0], read[1]
     name = mode.upper() if isinstance(mode, str) else getattr(mode, "name", "UNCHANGED")
+    if not _local.sized:  # a classification probe (``discover``): the placeholder, as a tensor
+        out = _TENSOR_TEMPLATE.clone()
+        _local.tensors[out.data_ptr()] = (path, name)
+        return out
     with _installed[1](path) as img:
         size = img.size
         channels = {"RGB": 3, "GRAY": 1, "RGB_ALPHA": 4, "GRAY_ALPHA": 2}.get(name) or \
@@ -220,7 +226,7 @@ class _intercept:
             _installed[0] += 1
         _local.calls = []
         _local.sized, _local.rest, _local.first_size = self.sized, self.rest, None
-        _local.reads, _local.first_tensor = {}, None
+        _local.reads, _local.first_tensor, _local.tensors = {}, None, {}
         return _local.calls
 
     def __exit__(self, *exc):
@@ -228,7 +234,7 @@ class _intercept:
 
         _local.calls = None
         _local.sized = False
-        _local.reads, _local.first_tensor = {}, None
+        _local.reads, _local.first_tensor, _local.tensors = {}, None, {}
         with _lock:
             _installed[0] -= 1
             if _installed[0] == 0 and Image.open is _open:
@@ -275,8 +281,10 @@ def _is_torchvision_detection(ds) -> bool:
 
 
 def discover(ds):
-    """``(paths, targets, transform)`` of a user's map-style dataset, one entry per index; raises
-    ``NotCompilable`` (from ``adapters``) when ``__getitem__`` does not follow the pattern above."""
+    """``(paths, targets, transform, plan_input)`` of a user's map-style dataset, one entry per index
+    (``plan_input``: "image" where it opens its images with PIL, "image tensor" where it reads them with
+    ``torchvision.io.read_image``, as PyTorch's data tutorial does); raises ``NotCompilable`` (from ``adapters``)
+    when ``__getitem__`` does not follow the pattern above."""
 
     name = type(ds).__name__
     n = _length(ds, name)
@@ -291,7 +299,7 @@ def discover(ds):
         recorder = Recorder()
         setattr(probe, attr, recorder)
         getitem = type(ds).__getitem__
-        paths, targets, unconverted = [], [], []
+        paths, targets, unconverted, unchanged, kinds = [], [], [], [], set()
         with _intercept() as calls:
             for i in range(n):
                 del calls[:]
@@ -306,12 +314,20 @@ def discover(ds):
                     raise _Undiscoverable(f"{what} (on a placeholder, index {i}: {type(e).__name__}: {e})") from None
                 paths.append(_check(i, calls, recorder, out, attr))
                 targets.append(out[1])
+                read = _local.tensors.get(recorder.seen[0].data_ptr()) \
+                    if isinstance(recorder.seen[0], torch.Tensor) else None
+                kinds.add("image tensor" if read is not None else "image")
+                if read is not None and read[1] == "UNCHANGED":
+                    unchanged.append(paths[-1])
                 if as_opened(recorder.seen[0]):
                     unconverted.append(paths[-1])
+        if len(kinds) > 1:
+            raise _Undiscoverable("opens some images with PIL and reads others with torchvision.io")
         _opened_as_rgb(unconverted, attr)
+        _read_as_rgb(unchanged)
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
-    return paths, targets, chain
+    return paths, targets, chain, kinds.pop() if kinds else "image"
 
 
 def first_not_rgb(images) -> Optional[tuple]:
@@ -338,6 +354,15 @@ def _opened_as_rgb(paths: list, attr: str) -> None:
                               "(torchvision's transform gets it so; the graph decodes RGB)",
                               "to compile it, convert the image to RGB as torchvision's ImageFolder does "
                               "(Image.open(path).convert(\"RGB\"))")
+
+
+def _read_as_rgb(paths: list) -> None:
+    """The files read with torchvision.io in its default mode (UNCHANGED) must be RGB: it gives their own
+    channels (1 for grey, 4 for RGBA), where the graph decodes RGB."""
+    bad = first_not_rgb((p, p) for p in paths)
+    if bad is not None:
+        raise _Undiscoverable(f"reads {bad[0]} (mode {bad[1]}) with torchvision.io as it is (not 3 channels; the graph "
+                              "decodes RGB)", "to compile it, read it as RGB (read_image(path, ImageReadMode.RGB))")
 
 
 def _length(ds, name: str) -> int:
@@ -367,6 +392,18 @@ def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
         raise _Undiscoverable(f"does not call self.{attr} on its image" if not recorder.seen else
                               f"calls self.{attr} {len(recorder.seen)} times for index {i}")
     img = recorder.seen[0]
+    if isinstance(img, torch.Tensor):  # read by torchvision.io.read_image / decode_image (PyTorch's data tutorial)
+        read = _local.tensors.get(img.data_ptr())
+        if read is None or img.shape != _TENSOR_TEMPLATE.shape or img.dtype != torch.uint8 or (
+                (i < 64 or i % 997 == 0) and not torch.equal(img.as_subclass(torch.Tensor), _TENSOR_TEMPLATE)):
+            raise _Undiscoverable(f"changes the image between reading it and self.{attr} (a crop, a resize, a "
+                                  "conversion)")
+        if read[1] not in ("RGB", "UNCHANGED"):
+            raise _Undiscoverable(f"reads its image with torchvision.io in mode {read[1]} (the graph decodes RGB)",
+                                  "to compile it, read it as RGB (read_image(path, ImageReadMode.RGB))")
+        if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder or out[1] is recorder:
+            raise _Undiscoverable("does not return (self.transform(image), target)".replace("transform", attr))
+        return calls[0]
     # the pixels are compared on the first indices and every 997th (a copy of 1 KiB costs half of
     # a probe); size and mode on all
     if not is_placeholder(img, pixels=i < 64 or i % 997 == 0):
