@@ -523,3 +523,36 @@ def test_the_data_tutorials_dataset_compiles(photo_folder, tmp_path, device):
     Image.new("L", (32, 24), 90).save(tmp_path / "grey.png")
     with pytest.warns(FallbackWarning, match="not 3 channels"):
         DataLoader(_TutorialImages([("grey.png", 0)], str(tmp_path), transform=tf), batch_size=1, device=device)
+
+
+class _DecodedImages(_TutorialImages):
+    """The same, decoding with torchvision.io.decode_image(path): through the module, or by a name bound at import."""
+
+    def __init__(self, *args, bound, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bound = bound
+
+    def __getitem__(self, idx):
+        import torchvision.io
+
+        path = os.path.join(self.img_dir, self.img_labels[idx][0])
+        image = (_BOUND_DECODE_IMAGE if self.bound else torchvision.io.decode_image)(path)
+        return self.transform(image), self.img_labels[idx][1]
+
+
+_BOUND_DECODE_IMAGE = torchvision.io.decode_image  # (bound when this module was imported)
+
+
+def test_a_dataset_decoding_with_decode_image(photo_folder):
+    """``torchvision.io.decode_image(path)`` through the module compiles as read_image does; by a name bound at
+    import it cannot be answered without decoding, and the reason says so and how to compile it."""
+    from torchvision.transforms import v2
+
+    root = str(photo_folder)
+    rows = [(os.path.relpath(p, root), 0) for p in sorted(photo_folder.rglob("*.jpg"))[:8]]
+    tf = v2.Compose([v2.Resize(40), v2.CenterCrop(32)])
+    loader = DataLoader(_DecodedImages(rows, root, transform=tf, bound=False), batch_size=4, device="cpu")
+    assert loader.backend == "dali", loader.reason
+    with pytest.warns(FallbackWarning, match="bound when it was imported.*call torchvision.io.decode_image"):
+        loader = DataLoader(_DecodedImages(rows, root, transform=tf, bound=True), batch_size=4, device="cpu")
+    assert loader.backend == "torchvision"

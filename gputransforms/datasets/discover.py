@@ -58,6 +58,14 @@ _DETECTION_V2 = ("to compile it, wrap it with torchvision.datasets.wrap_dataset_
                  "torchvision.transforms.v2 transforms (the detection reference's --use-v2; docs/datasets.md)")
 
 
+#: a file read by torchvision.io (read_file recorded it) and decoded where the probe cannot answer for it: by
+#: ``decode_image`` under a name bound at import (``from torchvision.io import decode_image``)
+_BOUND_DECODE = ("decodes its image with torchvision.io's decode_image by a name bound when it was imported (from "
+                 "torchvision.io import decode_image), which the loader cannot answer without decoding")
+_BOUND_DECODE_ADVICE = ("to compile it, call torchvision.io.decode_image(path) through the module, or "
+                        "torchvision.io.read_image(path)")
+
+
 #: a detection or segmentation Dataset whose image is not found by running it
 _JOINT_FILES = ("to compile it, open the image with PIL.Image.open(path).convert(\"RGB\") or "
                 "torchvision.io.read_image(path) in __getitem__, or wrap a torchvision detection dataset with "
@@ -213,6 +221,7 @@ class _intercept:
         self.sized, self.rest = sized, rest
 
     def __enter__(self):
+        import torchvision.io
         from torchvision.io import image as tv_io
 
         with _lock:
@@ -220,9 +229,11 @@ class _intercept:
                 _installed[1], _installed[2] = Image.open, Image.Image.convert
                 Image.open, Image.Image.convert = _open, _convert
                 # torchvision.io's read_image looks both up in its module when called: a dataset that bound
-                # read_image at import (the detection tutorial's) is seen too
+                # read_image at import (the detection tutorial's) is seen too; decode_image called through the
+                # package (torchvision.io.decode_image(path)) as well
                 _installed[3], _installed[4] = tv_io.read_file, tv_io.decode_image
                 tv_io.read_file, tv_io.decode_image = _read_file, _decode_image
+                torchvision.io.read_file, torchvision.io.decode_image = _read_file, _decode_image
             _installed[0] += 1
         _local.calls = []
         _local.sized, _local.rest, _local.first_size = self.sized, self.rest, None
@@ -230,6 +241,7 @@ class _intercept:
         return _local.calls
 
     def __exit__(self, *exc):
+        import torchvision.io
         from torchvision.io import image as tv_io
 
         _local.calls = None
@@ -240,6 +252,7 @@ class _intercept:
             if _installed[0] == 0 and Image.open is _open:
                 Image.open, Image.Image.convert = _installed[1], _installed[2]
                 tv_io.read_file, tv_io.decode_image = _installed[3], _installed[4]
+                torchvision.io.read_file, torchvision.io.decode_image = _installed[3], _installed[4]
 
 
 class Recorder:
@@ -394,6 +407,8 @@ def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
     img = recorder.seen[0]
     if isinstance(img, torch.Tensor):  # read by torchvision.io.read_image / decode_image (PyTorch's data tutorial)
         read = _local.tensors.get(img.data_ptr())
+        if read is None and not _local.tensors and _local.reads:
+            raise _Undiscoverable(_BOUND_DECODE, _BOUND_DECODE_ADVICE)
         if read is None or img.shape != _TENSOR_TEMPLATE.shape or img.dtype != torch.uint8 or (
                 (i < 64 or i % 997 == 0) and not torch.equal(img.as_subclass(torch.Tensor), _TENSOR_TEMPLATE)):
             raise _Undiscoverable(f"changes the image between reading it and self.{attr} (a crop, a resize, a "
@@ -543,6 +558,8 @@ def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool
     img = recorder.seen[0][0]
     if isinstance(img, torch.Tensor):  # read by torchvision.io.read_image (the detection tutorial's way)
         first = _local.first_tensor
+        if first is None and _local.reads:
+            raise _Undiscoverable(_BOUND_DECODE, _BOUND_DECODE_ADVICE)
         if first is None or img.data_ptr() != first.data_ptr() or img.shape != first.shape or \
                 (pixels and bool(img.as_subclass(torch.Tensor).any())):
             raise _Undiscoverable("changes the image between reading it and self.transforms (a crop, a resize, a "
