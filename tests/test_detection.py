@@ -1760,3 +1760,25 @@ def test_the_detection_tutorials_dataset_compiles(photo_folder, tmp_path, device
         for a, b, ta, tb in zip(oi, ti, ot, tt):
             assert a.shape == b.shape and (a.cpu() - b).abs().max() <= (0 if device == "cpu" else 1 / 255)
             same_targets(ta, tb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("first", ["tensor", "pil"])
+def test_random_containers_inside_a_joint_chain_are_recorded(coco, device, first):
+    """RandomChoice, RandomApply and RandomOrder inside the joint Compose are looked into (38838f8): recorded as
+    written (they draw which to run), compiled, and torch's boxes and image sizes from one seed. Before, such a
+    chain on PIL images ran on torch's DataLoader and one on tensors per sample after the graph."""
+    head = [v2.ToImage()] if first == "tensor" else []
+    tail = [] if first == "tensor" else [v2.ToImage()]
+    chain = v2.Compose(head + [
+        v2.RandomChoice([v2.Resize((64, 80)), v2.Resize((96, 72))]),
+        v2.RandomApply([v2.RandomHorizontalFlip(1.0), v2.CenterCrop(60)], p=0.5),
+        v2.RandomOrder([v2.Resize((70, 70)), v2.CenterCrop(56)])] + tail + [v2.ToDtype(torch.float32, scale=True)])
+    ds = wrapped(coco, chain)
+    loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert loader.backend == "dali" and "recorded per sample" in loader.explain(), loader.explain()
+    ours, theirs = side_by_side(ds, device)
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape and (a.cpu() - b).abs().mean() < (0.01 if device == "cpu" else 0.02)
+            same_targets(ta, tb)
