@@ -134,10 +134,9 @@ def _from_rows(ds, paths, targets) -> FileSamples:
 
 def _is_torchvision_io_loader(loader) -> bool:
     """``torchvision.io.decode_image`` or ``read_image`` as a dataset's ``loader`` (torchvision's v2 docs' way):
-    the file as a uint8 (C, H, W) tensor, EXIF orientation not applied, as PIL's loader does not apply it."""
-    import torchvision.io as tv_io
-
-    return loader is getattr(tv_io, "decode_image", None) or loader is getattr(tv_io, "read_image", None)
+    the file as a uint8 (C, H, W) tensor, EXIF orientation not applied, as PIL's loader does not apply it. (Each
+    file's header is read once when the loader is made: ``first_not_rgb``.)"""
+    return any(loader is f for f in discover.IO_DECODERS)
 
 
 def _pairs(ds, pairs) -> FileSamples:

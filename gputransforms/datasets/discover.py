@@ -11,12 +11,15 @@ Anything else (a crop before the transform, two files, bytes from an archive, no
 ``NotCompilable`` whose one line says what the dataset did, and the dataset runs on torch's
 DataLoader as it is.
 
+A Dataset may also read its files with ``torchvision.io.read_image``, or ``torchvision.io.decode_image(path)``
+called through the module (PyTorch's data tutorial's ``CustomImageDataset``, torchvision's detection tutorial's
+``PennFudanDataset``): ``torchvision.io``'s ``read_file`` and ``decode_image``, which ``read_image`` looks up when
+called, are intercepted as ``PIL.Image.open`` is, and the image is answered as a tensor.
+
 What this cannot see: randomness or state inside ``__getitem__`` outside the transform (a random
 target is drawn once, here), and opens through functions bound before import (``from PIL.Image
-import open``) or other decoders (``cv2``; ``torchvision.io`` for a classification Dataset): those datasets are
-reported as not opening a file. A detection or segmentation Dataset (``discover_joint``) may read its files with
-``torchvision.io.read_image`` (the detection tutorial's ``PennFudanDataset``): its ``read_file`` and
-``decode_image``, which ``read_image`` looks up when called, are intercepted as ``PIL.Image.open`` is.
+import open``, ``from torchvision.io import decode_image``) or other decoders (``cv2``): those datasets are
+reported as not opening a file, or as decoding where the probe cannot answer.
 """
 from __future__ import annotations
 
@@ -35,6 +38,16 @@ from ..errors import NotCompilable
 
 _local = threading.local()
 _lock = threading.Lock()
+
+
+def _io_decoders() -> tuple:
+    import torchvision.io
+
+    return torchvision.io.decode_image, torchvision.io.read_image
+
+
+#: torchvision.io's own decoders as imported (a probe replaces the module's names while it runs: ``_intercept``)
+IO_DECODERS = _io_decoders()
 #: users of the interception, the real PIL.Image.open and Image.convert, torchvision.io's read_file and decode_image
 _installed: list = [0, None, None, None, None]
 _SIZE = (23, 17)  # the placeholder: a size and pattern no user code produces by chance
@@ -139,9 +152,8 @@ def _open(fp, *args, **kwargs):
 
 
 def _read_file(path):
-    """``torchvision.io``'s ``read_file`` during a sized probe (``discover_joint``): the bytes as it reads them,
-    the file recorded as opened, and where its ``decode_image`` then decodes them: black of the file's own
-    size (``_decode_image``)."""
+    """``torchvision.io``'s ``read_file`` during a probe: the bytes as it reads them, the file recorded as opened,
+    for its ``decode_image`` to answer for them (``_decode_image``)."""
     data = _installed[3](path)
     calls = getattr(_local, "calls", None)
     if calls is not None:
@@ -151,10 +163,12 @@ def _read_file(path):
 
 
 def _decode_image(input, mode=None, apply_exif_orientation: bool = False):
-    """``torchvision.io``'s ``decode_image`` (what its ``read_image`` calls) during a sized probe: the bytes of a
-    file ``_read_file`` read come back black, uint8 (C, H, W) of the file's size, C the channels torchvision
-    gives (ImageReadMode.RGB: 3; UNCHANGED: those of the file, 3 for RGB); a file read after the image, where
-    the probe reads the rest for real (``rest="real"``), and anything else are decoded as torchvision does."""
+    """``torchvision.io``'s ``decode_image`` (what its ``read_image`` calls) during a probe, for the bytes of a
+    file ``_read_file`` read: in a classification probe (``discover``) the placeholder as a uint8 (3, H, W)
+    tensor; in a sized one (``discover_joint``) black, uint8 (C, H, W) of the file's size, C the channels
+    torchvision gives (ImageReadMode.RGB: 3; UNCHANGED: those of the file, 3 for RGB). A file read after the
+    image where the probe reads the rest for real (``rest="real"``), and anything else, are decoded as
+    torchvision does."""
     real = _installed[4]
     calls = getattr(_local, "calls", None)
     if calls is not None and not isinstance(input, torch.Tensor):
