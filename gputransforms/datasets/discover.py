@@ -430,12 +430,8 @@ def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
         if read[1] not in ("RGB", "UNCHANGED"):
             raise _Undiscoverable(f"reads its image with torchvision.io in mode {read[1]} (the graph decodes RGB)",
                                   "to compile it, read it as RGB (read_image(path, ImageReadMode.RGB))")
-        if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder or out[1] is recorder:
-            raise _Undiscoverable("does not return (self.transform(image), target)".replace("transform", attr))
-        return calls[0]
-    # the pixels are compared on the first indices and every 997th (a copy of 1 KiB costs half of
-    # a probe); size and mode on all
-    if not is_placeholder(img, pixels=i < 64 or i % 997 == 0):
+    elif not is_placeholder(img, pixels=i < 64 or i % 997 == 0):  # (the pixels compared on the first indices
+        # and every 997th: a copy of 1 KiB costs half of a probe; size and mode on all)
         raise _Undiscoverable(f"changes the image between opening it and self.{attr} (a crop, a resize, a mode "
                               "other than RGB)")
     if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder or out[1] is recorder:
@@ -582,19 +578,15 @@ def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool
             raise _Undiscoverable(f"hands self.transforms its image with {img.shape[0]} channels, as "
                                   f"torchvision.io reads {calls[0]} (the graph decodes RGB)",
                                   "to compile it, read it as RGB (read_image(path, ImageReadMode.RGB))")
-        if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder.IMAGE or \
-                out[1] is not recorder.TARGET:
-            raise _Undiscoverable("does not return self.transforms(image, target)")
-        return calls[0]
-    if isinstance(img, Image.Image) and img.info.get(_OPENED, 1) != 1:
+    elif isinstance(img, Image.Image) and img.info.get(_OPENED, 1) != 1:
         raise _Undiscoverable("opens another file before its image (open the image first: the other files are "
                               "read as they are, the first one is the image the graph decodes)")
-    if isinstance(img, Image.Image) and img.mode != "RGB" and img.size == _local.first_size:
+    elif isinstance(img, Image.Image) and img.mode != "RGB" and img.size == _local.first_size:
         raise _Undiscoverable(f"hands self.transforms its image in mode {img.mode}, as PIL opens {calls[0]} "
                               "(torchvision's transform gets it so; the graph decodes RGB)",
                               "to compile it, convert the image to RGB (Image.open(path).convert(\"RGB\"))")
-    if not (isinstance(img, Image.Image) and img.mode == "RGB" and img.size == _local.first_size and
-            (not pixels or img.getbbox() is None)):
+    elif not (isinstance(img, Image.Image) and img.mode == "RGB" and img.size == _local.first_size and
+              (not pixels or img.getbbox() is None)):
         raise _Undiscoverable("changes the image between opening it and self.transforms (a crop, a resize, a mode "
                               "other than RGB, a conversion to a tensor)")
     if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder.IMAGE or \
