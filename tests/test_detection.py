@@ -284,6 +284,31 @@ def test_the_detection_reference_without_v2_runs_as_torchs_loader(coco, workers)
         assert ot == tt and all(torch.equal(a, b) for a, b in zip(oi, ti))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_detection_references_eval_with_weights_is_recorded(coco, device, workers):
+    """The detection reference's ``--test-only --weights`` eval: its joint transform is ``lambda img, target:
+    (trans(img), target)`` with ``trans = weights.transforms()`` (ObjectDetection, whose forward calls v1
+    functionals on the PIL image). The function is recorded as a user's class is (the pixel-blind probe), the
+    preset as the steps its forward calls: the graph decodes and makes the float images, every sample once,
+    torchvision's targets. It ran on torch's DataLoader before ("augments PIL images and cannot be recorded")."""
+    trans = torchvision.models.detection.FasterRCNN_ResNet50_FPN_Weights.DEFAULT.transforms()
+    ds = wrapped(coco, lambda img, target: (trans(img), target), keys=["boxes", "labels", "image_id"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        ours, theirs = side_by_side(ds, device, seed=3, shuffle=True, num_workers=workers)
+    loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
+    assert loader.backend == "dali" and "<lambda>: your own class(es) or function(s), recorded" in loader.explain()
+    seen = []
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert type(a) is torch.Tensor and a.dtype == torch.float32 and a.shape == b.shape
+            assert (a.cpu() - b).abs().mean() * 255 < (0.01 if device == "cpu" else 1.5)
+            same_targets(ta, tb)
+            seen.append(tb["image_id"])
+    assert sorted(seen) == sorted(ds.dataset.ids[i] for i in ds.indices)
+
+
 def test_images_without_annotations_as_torchvision_treats_them(coco):
     """Without the reference's Subset: an image without annotations gets {"image_id"} only, and
     SanitizeBoundingBoxes then raises torchvision's own error, on both loaders (ours names the sample and

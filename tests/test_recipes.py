@@ -365,3 +365,30 @@ def test_model_weights_preprocessing_compiles_and_matches(photo_folder, device, 
     std = torch.tensor(tf.std)[:, None, None]
     assert got.shape == ref.shape == (48, 3, 224, 224)
     assert ((got - ref).abs() * std * 255).mean() < (0.3 if device == "cpu" else 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights", ["segmentation.FCN_ResNet50_Weights", "detection.FasterRCNN_ResNet50_FPN_Weights"])
+def test_segmentation_and_detection_weights_preprocessing_compiles_and_matches(photo_folder, device, weights):
+    """``weights.transforms()`` of a segmentation model (SemanticSegmentation: resize to 520 on the shorter side,
+    float, normalize) and of a detection model (ObjectDetection: float) on a dataset of images: the graph's
+    resize and normalize, torchvision's images at their own sizes (a collate_fn that keeps them apart). Both ran
+    on torch's DataLoader before ("SemanticSegmentation: no DALI lowering")."""
+    module, name = weights.split(".")
+    tf = getattr(getattr(torchvision.models, module), name).DEFAULT.transforms()
+    p = plan(tf)
+    assert not p.tail and [s.op for s in p.steps] == (["decode", "resize", "crop_mirror_normalize"]
+                                                       if module == "segmentation" else ["decode", "crop_mirror_normalize"])
+    ds = datasets.ImageFolder(photo_folder, transform=tf)
+    loader = DataLoader(ds, batch_size=8, collate_fn=lambda b: tuple(zip(*b)), device=device)
+    assert loader.backend == "dali", loader.explain()
+    ours = [img for images, _ in loader for img in images]
+    ref = [img for images, _ in torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=lambda b: tuple(zip(*b)))
+           for img in images]
+    assert len(ours) == len(ref) == len(ds)
+    scale = torch.tensor(getattr(tf, "std", [1.0, 1.0, 1.0]))[:, None, None] * 255
+    worst = 0.0
+    for a, b in zip(ours, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype == torch.float32
+        worst = max(worst, ((a.cpu() - b).abs() * scale).mean().item())
+    assert worst < ((0.5 if module == "segmentation" else 0.01) if device == "cpu" else 1.5), worst

@@ -78,7 +78,7 @@ def flatten(transform) -> list:
         return out
     if isinstance(transform, (tv2.Identity, tv2.ToPureTensor)) and user_override(transform) is None:
         return []  # ToPureTensor only unwraps tv_tensors: our batches are plain tensors already
-    if type(transform) is _image_classification():
+    if type(transform) in model_presets():
         return model_preprocessing(transform)
     if type(transform).__name__ in PRESET_WRAPPERS and isinstance(getattr(transform, "transforms", None),
                                                                   (tv1.Compose, tv2.Compose)):
@@ -86,24 +86,35 @@ def flatten(transform) -> list:
     return [transform]
 
 
-def _image_classification() -> type:
-    from torchvision.transforms._presets import ImageClassification
+def model_presets() -> tuple:
+    """torchvision's model preprocessing classes for images (what ``weights.transforms()`` gives)."""
+    from torchvision.transforms import _presets
 
-    return ImageClassification
+    return (_presets.ImageClassification, _presets.SemanticSegmentation, _presets.ObjectDetection)
 
 
 def model_preprocessing(t) -> list:
-    """torchvision's ``ImageClassification`` (what ``weights.transforms()`` gives for every classification
-    model: the eval preprocessing of torchvision's model docs and of the classification reference's
-    ``--test-only --weights``) as the steps its ``forward`` calls: ``resize`` to ``resize_size`` with its
-    interpolation and antialias, ``center_crop``, ``pil_to_tensor`` where the image is a PIL image (v2's
-    ``PILToTensor`` leaves a tensor as it is, as that ``forward`` does), ``convert_image_dtype`` to float and
-    ``normalize``: the same functionals, in the same order, so the same meaning."""
-    import torch
+    """torchvision's model preprocessing (``weights.transforms()``) as the steps its ``forward`` calls, the same
+    functionals in the same order, so the same meaning:
 
-    return [tv2.Resize(t.resize_size, interpolation=t.interpolation, antialias=t.antialias),
-            tv2.CenterCrop(t.crop_size), tv2.PILToTensor(), tv2.ToDtype(torch.float32, scale=True),
-            tv2.Normalize(mean=t.mean, std=t.std)]
+    - ``ImageClassification`` (every classification model: the eval preprocessing of torchvision's model docs
+      and of the classification reference's ``--test-only --weights``): ``resize`` to ``resize_size`` with its
+      interpolation and antialias, ``center_crop``, ``pil_to_tensor`` where the image is a PIL image (v2's
+      ``PILToTensor`` leaves a tensor as it is, as that ``forward`` does), ``convert_image_dtype`` to float and
+      ``normalize``;
+    - ``SemanticSegmentation``: the same without the crop (and without the resize where ``resize_size`` is None);
+    - ``ObjectDetection`` (the detection reference's ``--test-only --weights``): ``pil_to_tensor`` where the image
+      is a PIL image, ``convert_image_dtype`` to float."""
+    import torch
+    from torchvision.transforms import _presets
+
+    to_float = [tv2.PILToTensor(), tv2.ToDtype(torch.float32, scale=True)]
+    if type(t) is _presets.ObjectDetection:
+        return to_float
+    resize = [] if t.resize_size is None else \
+        [tv2.Resize(t.resize_size, interpolation=t.interpolation, antialias=t.antialias)]
+    crop = [tv2.CenterCrop(t.crop_size)] if type(t) is _presets.ImageClassification else []
+    return resize + crop + to_float + [tv2.Normalize(mean=t.mean, std=t.std)]
 
 
 #: torchvision's classification references wrap a Compose in a class whose __call__ is

@@ -21,6 +21,7 @@ empty, degenerate, outside and whole-pixel boxes (on torchvision 0.29 and 0.26).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -29,6 +30,8 @@ from torch.utils._pytree import tree_is_leaf
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import is_pure_tensor
+
+from . import joint_record
 
 
 def flat_pair(inputs: tuple) -> Optional[list]:
@@ -185,3 +188,36 @@ def form_of(cls: type) -> Optional[Callable[[Callable], Callable]]:
 def _rotated(fmt) -> bool:
     is_rotated = getattr(tv_tensors, "is_rotated_bounding_format", None)
     return bool(is_rotated(fmt)) if is_rotated is not None else False
+
+
+def model_preset(steps_of: Callable[[Any], list]) -> Callable[[Callable], Callable]:
+    """The registry's ``forward`` entry of torchvision's model preprocessing (``weights.transforms()``:
+    ``ObjectDetection``, ``ImageClassification``, ``SemanticSegmentation``) while recorded. Its ``forward``
+    calls v1 functionals, which the recording does not see; on the stand-in image of the sample being
+    recorded it runs ``steps_of(preset)`` instead (``chain.model_preprocessing``: the v2 classes of the same
+    functionals, in the same order), so a joint transform of the user's that calls it (the detection
+    reference's ``--test-only --weights``: ``lambda img, target: (trans(img), target)``) is recorded. On anything
+    else it runs the class's own forward."""
+
+    kept: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # per preset: (its settings, its steps)
+
+    def steps(preset) -> list:
+        settings = repr(sorted((k, v) for k, v in vars(preset).items() if not k.startswith("_")))
+        found = kept.get(preset)
+        if found is None or found[0] != settings:
+            found = kept[preset] = (settings, steps_of(preset))
+        return found[1]
+
+    def faster(original: Callable) -> Callable:
+        def forward(self, *inputs: Any) -> Any:
+            rec = getattr(joint_record._LOCAL, "record", None)
+            if rec is None or len(inputs) != 1 or rec.ops.get(joint_record._key(inputs[0])) is None:
+                return original(self, *inputs)
+            image = inputs[0]
+            for t in steps(self):
+                image = t(image)
+            return image
+
+        return forward
+
+    return faster

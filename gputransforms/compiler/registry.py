@@ -35,7 +35,7 @@ from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
 from . import batched, joint_chain, joint_draws, joint_forward, lowerings, vectorized
-from .chain import NotLowerable, Op, overridden, user_override
+from .chain import NotLowerable, Op, model_preprocessing, model_presets, overridden, user_override
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +209,12 @@ REGISTRY[tv2.RandomIoUCrop] = dataclasses.replace(REGISTRY[tv2.RandomIoUCrop], d
 REGISTRY[tv2.ScaleJitter] = dataclasses.replace(REGISTRY[tv2.ScaleJitter], draw=joint_draws.scale_jitter)
 for _cls, _step in joint_chain.steps().items():
     REGISTRY[_cls] = dataclasses.replace(REGISTRY[_cls], chain=_step)
+
+
+# torchvision's model preprocessing (``weights.transforms()``) inside a joint transform of the user's: recorded as the
+# steps its forward calls (a classification chain opens it into those steps: ``chain.flatten``)
+for _cls in model_presets():
+    REGISTRY[_cls] = Entry(joint=True, forward=joint_forward.model_preset(model_preprocessing))
 
 
 def chain_of(cls: type) -> Optional[Callable]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import os
 from typing import Any, Optional
 
@@ -388,7 +389,7 @@ class DetectionSamples(FileSamples):
     def per_sample_note(self) -> Optional[str]:
         if self.joint is None or self.program is not None:
             return None
-        names = [type(t).__name__ for t in _steps(self.joint)]
+        names = [_step_name(t) for t in _steps(self.joint)]
         note = (f"{', '.join(names)} run(s) per sample on the decoded images with torchvision's kernels (boxes "
                 "and masks follow the pixels as in torchvision; the graph decodes)")
         heavy = self._heavy()
@@ -413,7 +414,7 @@ class DetectionSamples(FileSamples):
                              "graph's pixel arithmetic is torchvision's tensor kernels', which differ from its PIL "
                              "kernels' by torchvision's own difference: docs/datasets.md)")
             if self.user_steps:
-                lines.append(f"  ({', '.join(self.user_steps)}: your own class(es), recorded as they ran on the first "
+                lines.append(f"  ({', '.join(self.user_steps)}: your own class(es) or function(s), recorded as they ran on the first "
                              "samples, whose records did not depend on the pixel values; a sample they run "
                              "otherwise on runs as written on the CPU)")
             if _one_pass(self.joint):
@@ -426,8 +427,8 @@ class DetectionSamples(FileSamples):
         else:
             lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on "
                      f"the device, the target on the CPU), on {', '.join(types)}:"]
-        width = max(len(type(t).__name__) for t in _steps(self.joint))
-        lines += [f"    {type(t).__name__:{width}s}  {_effects(type(t).__name__, types)}" for t in _steps(self.joint)]
+        width = max(len(_step_name(t)) for t in _steps(self.joint))
+        lines += [f"    {_step_name(t):{width}s}  {_effects(_step_name(t), types)}" for t in _steps(self.joint)]
         return lines
 
     def _heavy(self) -> list:
@@ -456,7 +457,7 @@ class DetectionSamples(FileSamples):
 def resolve_detection(ds) -> DetectionSamples:
     joint = ds.transforms
     kind = _first_conversion(joint) if joint is not None else "tensor"
-    names = [type(t).__name__ for t in _steps(joint)] if joint is not None else []
+    names = [_step_name(t) for t in _steps(joint)] if joint is not None else []
     what = f"{len(ds)} images of {type(ds._dataset).__name__} decoded in the graph; torchvision's targets; the " \
            f"joint transform ({', '.join(names) or 'none'})"
     return _compiled(DetectionSamples(ds, range(len(ds)), joint, kind,
@@ -472,7 +473,7 @@ def _compiled(samples: DetectionSamples, what: str) -> DetectionSamples:
         raise NotCompilable(f"{type(samples.ds).__name__}'s joint transform augments PIL images and cannot be "
                             "recorded", _ADVICE)
     if program is not None:
-        samples.user_steps = [type(t).__name__ for t in _user_steps(_steps(joint))]
+        samples.user_steps = [_step_name(t) for t in _user_steps(_steps(joint))]
         samples.record_with(program, f"{what} recorded per sample, its pixel work in the graph "
                                      "(datasets/detection.py, compiler/joint.py)")
     return samples
@@ -514,7 +515,7 @@ def resolve_user_detection(ds) -> FileSamples:
     except discover.NotJoint:  # a classification Dataset whose transform is named ``transforms``
         return adapters.resolve(ds)
     kind = read_as or _first_conversion(joint)  # (read_as: a tensor read by torchvision.io.read_image)
-    names = [type(t).__name__ for t in _steps(joint)]
+    names = [_step_name(t) for t in _steps(joint)]
     made = ("found once on black images of each file's size" if targets is not None else
             "made per sample as it reads them, its other files (masks) read and its image black of the file's size")
     what = f"{len(paths)} images of {type(ds).__name__} decoded in the graph; the targets its __getitem__ makes " \
@@ -570,10 +571,23 @@ def _one_pass(joint) -> bool:
 
 def _user_class(t) -> bool:
     """A transform class of the user's own (a ``v2.Transform`` defined outside torchvision: the references'
-    ``PadIfSmaller``, say), which may be recorded where a probe shows that it does not read the pixels."""
+    ``PadIfSmaller``, say), or a function of the user's (the detection reference's ``--test-only --weights`` joint
+    transform: ``lambda img, target: (trans(img), target)``, ``trans`` being ``weights.transforms()``), which may
+    be recorded where a probe shows that it does not read the pixels."""
     from torchvision.transforms import v2
 
+    if isinstance(t, functools.partial):
+        t = t.func
+    if inspect.isfunction(t):
+        return not (t.__module__ or "").startswith("torchvision.")
     return isinstance(t, v2.Transform) and not type(t).__module__.startswith("torchvision.")
+
+
+def _step_name(t) -> str:
+    """A step's name for explain(): its class's, or a function's own."""
+    if isinstance(t, functools.partial):
+        t = t.func
+    return getattr(t, "__qualname__", type(t).__name__) if inspect.isfunction(t) else type(t).__name__
 
 
 def _user_steps(steps: list) -> list:
