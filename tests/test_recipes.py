@@ -392,3 +392,19 @@ def test_segmentation_and_detection_weights_preprocessing_compiles_and_matches(p
         assert a.shape == b.shape and a.dtype == b.dtype == torch.float32
         worst = max(worst, ((a.cpu() - b).abs() * scale).mean().item())
     assert worst < ((0.5 if module == "segmentation" else 0.01) if device == "cpu" else 1.5), worst
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_classification_reference_tensor_backend_weights_eval_is_one_graph(photo_folder, device):
+    """The classification reference's ``--test-only --weights --backend tensor`` eval: ``Compose([PILToTensor(),
+    weights.transforms(antialias=True)])``. The preset converts again (v2's PILToTensor, which passes a tensor
+    through): the whole chain is the graph's resize and one fused crop-normalize, torchvision's images. Before,
+    the graph ended at that second conversion and the rest ran after it ("input is already a tensor")."""
+    tf = torchvision.transforms.Compose([torchvision.transforms.PILToTensor(),
+                                         torchvision.models.ResNet50_Weights.DEFAULT.transforms(antialias=True)])
+    p = plan(tf)
+    assert not p.tail and [s.op for s in p.steps] == ["decode", "resize", "crop_mirror_normalize"], p.tail
+    got, ref = sidebyside.ours(photo_folder, tf, device), theirs(photo_folder, tf)
+    std = torch.tensor(tf.transforms[1].std)[:, None, None]
+    assert got.shape == ref.shape == (48, 3, 224, 224)
+    assert ((got - ref).abs() * std * 255).mean() < (0.3 if device == "cpu" else 1.0)

@@ -185,6 +185,9 @@ class _Planner:
     def value(self, op: Op):
         a = op.args
         if op.kind == "to_tensor":
+            if self.tensor and _leaves_a_tensor(op.source):
+                return  # (v2's conversions pass a plain tensor through: the classification reference's
+                # --backend tensor --weights puts weights.transforms(), which converts, after its PILToTensor)
             if self.tensor:
                 raise NotLowerable(f"{type(op.source).__name__}: input is already a tensor",
                                    "to compile it, convert to a tensor once (drop the second conversion)")
@@ -402,6 +405,14 @@ def plan(transform: Callable, input: str = "image", *, device: str = "cpu", vide
                 out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine)
 
 
+def _leaves_a_tensor(t) -> bool:
+    """v2's ``ToImage``, ``PILToTensor`` and ``ToTensor``, which hand a plain tensor on as it is (their own classes;
+    torchvision's v1 conversions raise on a tensor)."""
+    from torchvision.transforms import v2 as tv2
+
+    return type(t) in (tv2.ToImage, tv2.PILToTensor, tv2.ToTensor)
+
+
 def _on_a_tensor(transforms: list) -> tuple:
     """A chain handed torchvision.io's uint8 (3, H, W) tensor: (its steps without v2's conversions to a tensor,
     which leave a tensor as it is; a reason it is not compiled, or ""). torchvision's v1 ``ToTensor`` and
@@ -415,7 +426,7 @@ def _on_a_tensor(transforms: list) -> tuple:
             return transforms, (f"{type(t).__name__}: the loader (torchvision.io) hands the transform a tensor, which "
                                 f"torchvision's v1 {type(t).__name__} does not take as a PIL image; to compile it, use "
                                 "v2's ToDtype(torch.float32, scale=True) on the tensor, or leave loader= at its default")
-    return [t for t in transforms if type(t) not in (tv2.ToImage, tv2.PILToTensor, tv2.ToTensor)], ""
+    return [t for t in transforms if not _leaves_a_tensor(t)], ""
 
 
 def _plan_video(transforms: list, layout: str, decoder: str, frames: str) -> Plan:
