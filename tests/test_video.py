@@ -176,6 +176,27 @@ def test_eval_chain_equals_torchvision(kinetics_root, device, chain):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_video_model_weights_preprocessing_is_compiled(kinetics_root, device):
+    """``weights.transforms()`` of torchvision's video models (VideoClassification: resize without antialiasing,
+    centre crop, float, normalize, (T, C, H, W) -> (C, T, H, W)) is the graph's resize and one fused
+    crop-normalize, then the clips' permute for the batch; torchvision's clips. It ran per clip after the graph
+    ("VideoClassification: no DALI lowering")."""
+    tf = torchvision.models.video.R3D_18_Weights.DEFAULT.transforms()
+    ds = datasets.Kinetics(kinetics_root, frames_per_clip=8, step_between_clips=8, transform=tf)
+    text = DataLoader(ds, batch_size=4, **on(device)).explain()
+    assert "resize" in text and "crop_mirror_normalize" in text and "batched     ConvertBCHWtoCBHW" in text, text
+    assert "\n  per sample" not in text, text  # (no step of it per clip)
+    ours, theirs = side_by_side(ds, device, batch_size=4)
+    assert ours[0][0].shape == theirs[0][0].shape == (4, 3, 8, 112, 112)
+    stats_ = abs_diff_stats(torch.cat([o[0].cpu() for o in ours]), torch.cat([t[0] for t in theirs]))
+    scale = 255 * min(STD)
+    limit = {"cpu": 0.05, "gpu-rgb": 0.05, "cpu-yuv": 0.4, "gpu": 0.4, "nvdec": 3.0}[device]
+    assert stats_["mean"] * scale < limit, stats_
+    for o, t in zip(ours, theirs):
+        assert torch.equal(o[2].cpu(), t[2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_train_chain_one_draw_per_clip(kinetics_root, device):
     """RandomHorizontalFlip and RandomCrop: each clip's frames share one draw, and the draws are
     torchvision's distributions (flip p=0.5, offsets uniform)."""

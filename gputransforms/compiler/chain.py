@@ -65,6 +65,15 @@ def _stock_compose(t) -> bool:
     return isinstance(t, (tv1.Compose, tv2.Compose)) and user_override(t) is None
 
 
+def flatten_clips(transform) -> list:
+    """``flatten`` for a chain given a clip's (T, C, H, W) frames: torchvision's ``VideoClassification`` as its steps
+    too (on an image it raises in torchvision, so an image chain leaves it as written)."""
+    out = []
+    for t in flatten(transform):
+        out.extend(video_preprocessing(t) if type(t) is _video_preset() else [t])
+    return out
+
+
 def flatten(transform) -> list:
     """The chain's transforms in order: Compose (ours, torchvision's v1 and v2) and the reference
     presets' wrappers opened, torchvision's model preprocessing (``weights.transforms()``) as its steps,
@@ -115,6 +124,35 @@ def model_preprocessing(t) -> list:
         [tv2.Resize(t.resize_size, interpolation=t.interpolation, antialias=t.antialias)]
     crop = [tv2.CenterCrop(t.crop_size)] if type(t) is _presets.ImageClassification else []
     return resize + crop + to_float + [tv2.Normalize(mean=t.mean, std=t.std)]
+
+
+def _video_preset() -> type:
+    from torchvision.transforms import _presets
+
+    return _presets.VideoClassification
+
+
+class ConvertBCHWtoCBHW(tv1.Lambda):
+    """A clip's (T, C, H, W) frames as (C, T, H, W): the last step of ``VideoClassification``'s ``forward``, by the
+    name torchvision's video classification reference gives its own class for it (the tail does it for the batch
+    of clips: ``stages.after_graph``)."""
+
+    def __init__(self):
+        super().__init__(_cbhw)
+
+
+def _cbhw(vid):
+    return vid.permute(1, 0, 2, 3)
+
+
+def video_preprocessing(t) -> list:
+    """torchvision's ``VideoClassification`` (``weights.transforms()`` of its video models: R3D, MC3, R(2+1)D, S3D,
+    MViT, Swin3D) as the steps its ``forward`` calls on a clip's (T, C, H, W) uint8 frames: ``resize`` without
+    antialiasing, ``center_crop``, ``convert_image_dtype`` to float, ``normalize``, then (T, C, H, W) -> (C, T, H, W)."""
+    import torch
+
+    return [tv2.Resize(t.resize_size, interpolation=t.interpolation, antialias=False), tv2.CenterCrop(t.crop_size),
+            tv2.ToDtype(torch.float32, scale=True), tv2.Normalize(mean=t.mean, std=t.std), ConvertBCHWtoCBHW()]
 
 
 #: torchvision's classification references wrap a Compose in a class whose __call__ is

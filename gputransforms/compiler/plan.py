@@ -21,7 +21,7 @@ import torch
 from ..device import default_device
 from . import joint_kernels
 from . import stages as stage_lists
-from .chain import TO_TENSOR, NotLowerable, Op, flatten, tensor_capable
+from .chain import TO_TENSOR, NotLowerable, Op, flatten, flatten_clips, tensor_capable
 from .registry import dali_op
 
 @dataclasses.dataclass
@@ -367,8 +367,10 @@ def plan(transform: Callable, input: str = "image", *, device: str = "cpu", vide
                              f"got {video_decoder!r}")
         nvdec = device == "gpu" and video_decoder == "nvdec"
         yuv = not nvdec and (video_decoder == "pyav-yuv" or (video_decoder == "pyav" and device == "gpu"))
-        return _plan_video(flatten(transform), input.split()[-1], decoder="nvdec" if nvdec else "pyav",
-                           frames="yuv420" if yuv else "rgb")
+        layout = input.split()[-1]
+        # (VideoClassification as its steps on (T, C, H, W) frames only: on (T, H, W, C) it runs as written)
+        return _plan_video(flatten_clips(transform) if layout == "TCHW" else flatten(transform), layout,
+                           decoder="nvdec" if nvdec else "pyav", frames="yuv420" if yuv else "rgb")
     transforms = flatten(transform)
     planner = _Planner()
     if input == "image tensor":  # torchvision.io's decode_image as the loader: the chain gets a uint8 CHW tensor
