@@ -310,6 +310,25 @@ def test_the_detection_references_eval_with_weights_is_recorded(coco, device, wo
     assert sorted(seen) == sorted(ds.dataset.ids[i] for i in ds.indices)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("aug", ["hflip", "ssd"])
+def test_a_function_around_a_preset_is_recorded(coco, device, aug):
+    """A joint transform that is a function of the user's calling a reference preset (on PIL images, the
+    references' default backend) is recorded as the preset is: the same targets as torch's DataLoader from one
+    seed, the images within the preset's own parity. It ran on torch's DataLoader before."""
+    preset = DetectionPresetTrain(data_augmentation=aug, backend="pil")
+    ds = wrapped(coco, lambda img, target: preset(img, target), keys=["boxes", "labels", "image_id"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        ours, theirs = side_by_side(ds, device, seed=4, shuffle=True)
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
+            # (0-255 units; ssd's colour steps on PIL images against the graph's tensor arithmetic: 1.6 on the CPU)
+            assert (a.cpu() - b).abs().mean() * 255 < (3.0 if device == "cpu" else 6.0)
+            same_targets(ta, tb)
+
+
 def test_images_without_annotations_as_torchvision_treats_them(coco):
     """Without the reference's Subset: an image without annotations gets {"image_id"} only, and
     SanitizeBoundingBoxes then raises torchvision's own error, on both loaders (ours names the sample and
