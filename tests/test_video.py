@@ -94,6 +94,18 @@ def side_by_side(ds, device, **kw):
     return ours, theirs
 
 
+def same_normalized_clips(ours, theirs, device):
+    """Normalised clips within the bound of ``device`` of torchvision's, and the same labels."""
+    stats_ = abs_diff_stats(torch.cat([o[0].cpu() for o in ours]), torch.cat([t[0] for t in theirs]))
+    # in 0-255 units (normalised values times 255 * std): resize arithmetic on the CPU; NVDEC's
+    # colour conversion on the GPU
+    scale = 255 * min(STD)
+    limit = {"cpu": 0.05, "gpu-rgb": 0.05, "cpu-yuv": 0.4, "gpu": 0.4, "nvdec": 3.0}[device]
+    assert stats_["mean"] * scale < limit, stats_
+    for o, t in zip(ours, theirs):
+        assert torch.equal(o[2].cpu(), t[2])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fpc,step,rate", [(8, 8, None), (5, 3, None), (6, 4, 15), (4, 5, 10)])
 def test_clips_are_torchvisions(kinetics_root, device, fpc, step, rate):
@@ -165,14 +177,7 @@ def test_eval_chain_equals_torchvision(kinetics_root, device, chain):
     ours, theirs = side_by_side(ds, device, batch_size=4)
     shape = (4, 3, 8, 32, 32) if chain == "v1" else (4, 8, 3, 32, 32)
     assert ours[0][0].shape == theirs[0][0].shape == shape
-    stats_ = abs_diff_stats(torch.cat([o[0].cpu() for o in ours]), torch.cat([t[0] for t in theirs]))
-    # in 0-255 units (normalised values times 255 * std): resize arithmetic on the CPU; NVDEC's
-    # colour conversion on the GPU
-    scale = 255 * min(STD)
-    limit = {"cpu": 0.05, "gpu-rgb": 0.05, "cpu-yuv": 0.4, "gpu": 0.4, "nvdec": 3.0}[device]
-    assert stats_["mean"] * scale < limit, stats_
-    for o, t in zip(ours, theirs):
-        assert torch.equal(o[2].cpu(), t[2])
+    same_normalized_clips(ours, theirs, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -188,12 +193,7 @@ def test_video_model_weights_preprocessing_is_compiled(kinetics_root, device):
     assert "\n  per sample" not in text, text  # (no step of it per clip)
     ours, theirs = side_by_side(ds, device, batch_size=4)
     assert ours[0][0].shape == theirs[0][0].shape == (4, 3, 8, 112, 112)
-    stats_ = abs_diff_stats(torch.cat([o[0].cpu() for o in ours]), torch.cat([t[0] for t in theirs]))
-    scale = 255 * min(STD)
-    limit = {"cpu": 0.05, "gpu-rgb": 0.05, "cpu-yuv": 0.4, "gpu": 0.4, "nvdec": 3.0}[device]
-    assert stats_["mean"] * scale < limit, stats_
-    for o, t in zip(ours, theirs):
-        assert torch.equal(o[2].cpu(), t[2])
+    same_normalized_clips(ours, theirs, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
