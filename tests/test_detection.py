@@ -298,7 +298,9 @@ def test_the_detection_references_eval_with_weights_is_recorded(coco, device, wo
         warnings.simplefilter("error", FallbackWarning)
         ours, theirs = side_by_side(ds, device, seed=3, shuffle=True, num_workers=workers)
     loader = DataLoader(ds, batch_size=4, collate_fn=detection_collate, device=device)
-    assert loader.backend == "dali" and "<lambda>: your own class(es) or function(s), recorded" in loader.explain()
+    text = loader.explain()
+    assert loader.backend == "dali" and "<lambda>: your own class(es) or function(s), recorded" in text, text
+    assert "<lambda>  yours: run as written on the stand-ins" in text, text
     seen = []
     for (oi, ot), (ti, tt) in zip(ours, theirs):
         for a, b, ta, tb in zip(oi, ti, ot, tt):

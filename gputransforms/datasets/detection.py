@@ -171,6 +171,10 @@ _GEOMETRIC = {"RandomHorizontalFlip", "RandomVerticalFlip", "Resize", "RandomRes
 _BOXES_ONLY = {"ConvertBoundingBoxFormat": "format converted", "ClampBoundingBoxes": "clamped to the canvas"}
 
 
+#: explain()'s line for a recorded step of the user's own (a class or a function)
+_USER_EFFECTS = "yours: run as written on the stand-ins; each functional it calls recorded, the targets moved by it"
+
+
 def _effects(name: str, types: list) -> str:
     """One line of explain(): what ``name`` does to each of ``types`` (tv_tensor class names)."""
     if name in _COLOUR:
@@ -428,7 +432,9 @@ class DetectionSamples(FileSamples):
             lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on "
                      f"the device, the target on the CPU), on {', '.join(types)}:"]
         width = max(len(_step_name(t)) for t in _steps(self.joint))
-        lines += [f"    {_step_name(t):{width}s}  {_effects(_step_name(t), types)}" for t in _steps(self.joint)]
+        lines += [f"    {_step_name(t):{width}s}  "
+                  f"{_USER_EFFECTS if self.program is not None and t in _user_steps([t]) else _effects(_step_name(t), types)}"
+                  for t in _steps(self.joint)]
         return lines
 
     def _heavy(self) -> list:
