@@ -13,7 +13,9 @@ references' default, whose augmentations work on PIL images), on the same wrappe
 RandomPhotometricDistort, ``ssd-colouronly``: without its zoom-out and IoU crop); ``seg``: the segmentation reference's train preset
 (``--use-v2``, base size 520, crop 480, its own ``PadIfSmaller``) on a wrapped ``VOCSegmentation``, with
 its ``collate_fn``; ``seg-coco``: the same preset on the segmentation reference's own ``--use-v2`` data (COCO as
-segmentation: ``segmentation_of_coco``; no hand-written DALI row):
+segmentation: ``segmentation_of_coco``; no hand-written DALI row); ``weights-eval``: the detection reference's
+``--test-only --weights`` evaluation (its joint transform a function around ``weights.transforms()``: float images
+of their own sizes):
 
 - ``torchvision``: torch's DataLoader with every core as a worker; images moved to the device;
 - ``gputransforms``: our DataLoader over the same dataset object, with the same arguments
@@ -78,6 +80,11 @@ def dataset(coco: tuple, preset: str, backend: str = "tv_tensor"):
 
         dropped = (T.RandomPhotometricDistort,) if part == "nocolour" else (T.RandomZoomOut, T.RandomIoUCrop)
         chain.transforms.transforms = [t for t in chain.transforms.transforms if not isinstance(t, dropped)]
+    elif preset == "weights-eval":  # the reference's --test-only --weights: its lambda around weights.transforms()
+        trans = torchvision.models.detection.FasterRCNN_ResNet50_FPN_Weights.DEFAULT.transforms()
+
+        def chain(img, target):
+            return trans(img), target
     else:
         chain = lsj_v2(backend) if preset == "lsj-v2" else DetectionPresetTrain(data_augmentation=preset,
                                                                                   backend=backend)
