@@ -148,7 +148,8 @@ def _cbhw(vid):
 def video_preprocessing(t) -> list:
     """torchvision's ``VideoClassification`` (``weights.transforms()`` of its video models: R3D, MC3, R(2+1)D, S3D,
     MViT, Swin3D) as the steps its ``forward`` calls on a clip's (T, C, H, W) uint8 frames: ``resize`` without
-    antialiasing, ``center_crop``, ``convert_image_dtype`` to float, ``normalize``, then (T, C, H, W) -> (C, T, H, W)."""
+    antialiasing, ``center_crop``, ``convert_image_dtype`` to float, ``normalize``, then (T, C, H, W) -> (C, T, H,
+    W)."""
     import torch
 
     return [tv2.Resize(t.resize_size, interpolation=t.interpolation, antialias=False), tv2.CenterCrop(t.crop_size),

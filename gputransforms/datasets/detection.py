@@ -418,9 +418,9 @@ class DetectionSamples(FileSamples):
                              "graph's pixel arithmetic is torchvision's tensor kernels', which differ from its PIL "
                              "kernels' by torchvision's own difference: docs/datasets.md)")
             if self.user_steps:
-                lines.append(f"  ({', '.join(self.user_steps)}: your own class(es) or function(s), recorded as they ran on the first "
-                             "samples, whose records did not depend on the pixel values; a sample they run "
-                             "otherwise on runs as written on the CPU)")
+                lines.append(f"  ({', '.join(self.user_steps)}: your own class(es) or function(s), recorded as they ran "
+                             "on the first samples, whose records did not depend on the pixel values; a sample they "
+                             "run otherwise on runs as written on the CPU)")
             if _one_pass(self.joint):
                 lines.append("  (in one pass: every step is a class the pass restates, its boxes moved as NumPy; a "
                              "sample whose target it does not carry, such as masks or float64 boxes, is recorded "
@@ -432,8 +432,9 @@ class DetectionSamples(FileSamples):
             lines = [f"  joint transform, per sample after the graph's decode (torchvision's kernels; the image on "
                      f"the device, the target on the CPU), on {', '.join(types)}:"]
         width = max(len(_step_name(t)) for t in _steps(self.joint))
+        yours = _user_steps(_steps(self.joint)) if self.program is not None else []
         lines += [f"    {_step_name(t):{width}s}  "
-                  f"{_USER_EFFECTS if self.program is not None and t in _user_steps([t]) else _effects(_step_name(t), types)}"
+                  f"{_USER_EFFECTS if any(t is u for u in yours) else _effects(_step_name(t), types)}"
                   for t in _steps(self.joint)]
         return lines
 
