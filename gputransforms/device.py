@@ -127,6 +127,13 @@ def to_device(batch, dev: torch.device):
     return _to_device(batch, dev, moved)
 
 
+def batched(images) -> torch.Tensor:
+    """A batch's images as torch's ``default_collate`` batches them: a tensor as it is; a list of samples (the
+    graph's or the tail's output where their sizes differ) stacked, which raises its error where they do
+    ("stack expects each tensor to be equal size, ...")."""
+    return images if isinstance(images, torch.Tensor) else torch.stack(list(images))
+
+
 def map_tensors(batch, fn):
     """``batch`` with each tensor in it (in lists, tuples and mappings, at any depth) replaced by ``fn(t)``;
     a mapping keeps its type (defaultdict, OrderedDict, a user's)."""

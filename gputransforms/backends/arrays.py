@@ -164,11 +164,14 @@ class ArrayIterator(EpochIterator):
             x = run_stages(x, self.compiled)
         collate = self.collate
         if collate is not None:  # what torch hands it: dataset[i] for each index, transformed
+            images = x.unbind(0) if isinstance(x, torch.Tensor) else x  # (a list: samples of their own sizes)
             if s.extra is not None:
-                items = [(img, *(t[r] for t in s.extra)) for img, r in zip(x.unbind(0), rows.tolist())]
+                items = [(img, *(t[r] for t in s.extra)) for img, r in zip(images, rows.tolist())]
             else:
-                items = list(zip(x.unbind(0), [s.target(int(i)) for i in indices]))
+                items = list(zip(images, [s.target(int(i)) for i in indices]))
             return to_device(collate(items), a.dev)
+        if isinstance(x, list):
+            x = torch.stack(x)  # samples of their own sizes: raises as torch's default_collate does
         if s.extra is not None:  # a TensorDataset: its tensors, as default_collate stacks them
             return [x] + [to_device(t[rows], a.dev) for t in s.extra]
         targets = a.targets()

@@ -667,7 +667,26 @@ def sequence(transforms, lower: Lower) -> Optional[Batched]:
     return run
 
 
+def _keeps_shape(t) -> bool:
+    """Whether ``t`` leaves a sample's shape and dtype as they are (what a container's rows are written back
+    into): the colour, blur, noise, erasing and normalize kernels, warps without ``expand``, and containers of
+    those; not a resize, crop, pad, dtype conversion or one-channel grayscale."""
+    import torchvision.transforms as tv1
+
+    if isinstance(t, (tv1.RandomApply, tv1.RandomChoice, tv1.RandomOrder, tv1.Compose, tv2.RandomApply,
+                      tv2.RandomChoice, tv2.RandomOrder, tv2.Compose)):
+        return all(_keeps_shape(u) for u in t.transforms)
+    if isinstance(t, (tv1.Grayscale, tv2.Grayscale)):
+        return t.num_output_channels == 3
+    if isinstance(t, (tv1.RandomRotation, tv2.RandomRotation)):
+        return not t.expand
+    return not isinstance(t, (tv1.Resize, tv2.Resize, tv1.CenterCrop, tv2.CenterCrop, tv1.Pad, tv2.Pad,
+                              tv1.ConvertImageDtype, tv2.ConvertImageDtype, tv2.ToDtype))
+
+
 def lower_random_apply(t, lower: Lower) -> Optional[Batched]:
+    if not _keeps_shape(t):
+        return None  # some rows would change shape and others not: per sample, as torchvision runs it
     inner = sequence(t.transforms, lower)
     if inner is None:
         return None
@@ -683,6 +702,8 @@ def _grouped(x: torch.Tensor, keys: list, run_for_key) -> torch.Tensor:
 
 
 def lower_random_choice(t, lower: Lower) -> Optional[Batched]:
+    if not _keeps_shape(t):
+        return None  # (the rows' outputs are written back into the batch: ``_on_rows``)
     fns = _lower_all(t.transforms, lower)
     if fns is None:
         return None
@@ -696,6 +717,8 @@ def lower_random_choice(t, lower: Lower) -> Optional[Batched]:
 
 
 def lower_random_order(t, lower: Lower) -> Optional[Batched]:
+    if not _keeps_shape(t):
+        return None  # (the rows' outputs are written back into the batch: ``_on_rows``)
     fns = _lower_all(t.transforms, lower)
     if fns is None:
         return None

@@ -183,6 +183,19 @@ _WARPS = (tv1.RandomRotation, tv1.RandomAffine, tv1.RandomPerspective, tv2.Rando
           tv2.AutoAugment, tv2.RandAugment, tv2.TrivialAugmentWide, tv2.AugMix)
 
 
+#: PIL's resampling filters that torchvision's tensor kernels do not have (they raise NotImplementedError)
+_PIL_ONLY_FILTERS = (InterpolationMode.BOX, InterpolationMode.HAMMING)
+
+
+def _pil_only_filter(interpolation) -> bool:
+    if not isinstance(interpolation, (InterpolationMode, str, int)):
+        return False  # (none, or timm's random choice of filters)
+    try:
+        return _compat.interpolation_mode(interpolation) in _PIL_ONLY_FILTERS
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def tensor_capable(t) -> bool:
     """Whether ``t`` means on a uint8 CHW tensor what it means on the PIL image torchvision hands it.
     A user's own subclass never is: it gets the PIL image it was written for."""
@@ -193,6 +206,8 @@ def tensor_capable(t) -> bool:
     if isinstance(t, _WARPS) and _compat.interpolation_mode(t.interpolation) not in (
             InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
         return False  # torchvision's tensor warps take nearest and bilinear only; PIL's take more
+    if _pil_only_filter(getattr(t, "interpolation", None)):
+        return False  # a resize with PIL's box or Hamming filter: torchvision's tensor kernels raise on them
     if isinstance(t, tv2.Transform):
         return not isinstance(t, _NOT_TENSOR)
     if isinstance(t, tv1.Pad) and not isinstance(t.fill, (int, float)):

@@ -18,11 +18,20 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 
-def run_stages(batch: torch.Tensor, compiled: list) -> torch.Tensor:
+def run_stages(batch, compiled: list):
     """(transform, function, stage) triples on a batch, in order: whole-batch functions on the batch,
     consecutive "per sample" ones in one pass over its samples. ``batch`` is the stage's to overwrite
-    (the graph's output, a gather): a batched function may write into it rather than into a copy."""
+    (the graph's output, a gather): a batched function may write into it rather than into a copy.
+
+    Samples of different sizes (a list: the graph's output without a resize to one size, or after a
+    per-sample ScaleJitter, RandomZoomOut, random resize) run the stages per sample, each as torchvision's
+    transform itself (a conversion as the function it stands for), until they are one size again and make a
+    batch: torchvision runs them on each sample. Samples still of different sizes at the end come back as a
+    list, for the collate_fn (``default_collate`` raises on them, as it does in torch's DataLoader)."""
     pending: list = []
+
+    def settled(samples: list):
+        return torch.stack(samples) if len({(s.shape, s.dtype) for s in samples}) == 1 else samples
 
     def flush(batch):
         if pending:
@@ -31,25 +40,32 @@ def run_stages(batch: torch.Tensor, compiled: list) -> torch.Tensor:
                 for t in pending:
                     img = t(img)
                 out.append(torch.as_tensor(img))
-            batch = torch.stack(out)
             pending.clear()
+            return settled(out)
         return batch
 
-    for _, fn, stage in compiled:
+    if isinstance(batch, (list, tuple)):
+        batch = settled(list(batch))
+    for t, fn, stage in compiled:
         if fn is None:
             continue
         if stage == "per sample":
             pending.append(fn)
+            continue
+        batch = flush(batch)
+        if isinstance(batch, list):  # samples of their own sizes: this stage per sample, as torchvision runs it
+            pending.append(fn if stage == "conversion" else t)
         else:
-            batch = fn(flush(batch))
-    return flush(batch).as_subclass(torch.Tensor)
+            batch = fn(batch)
+    batch = flush(batch)
+    return [b.as_subclass(torch.Tensor) for b in batch] if isinstance(batch, list) else batch.as_subclass(torch.Tensor)
 
 
 def run_tail(images, plan, device: torch.device, compiled: list) -> torch.Tensor:
     """``images``: the graph's output batch as a tensor (N,...) or a list of per-sample tensors.
     ``compiled``: ``stages.after_graph(plan)``, computed once by the caller (lowering is not per batch work)."""
     if plan.tail_mode in ("tensor", "clip"):
-        return run_stages(images if isinstance(images, torch.Tensor) else torch.stack(list(images)), compiled)
+        return run_stages(images, compiled)
     samples = []
     for img in images:
         if plan.output == "image":

@@ -21,6 +21,7 @@ from torchvision.datasets.folder import default_loader, pil_loader
 from torchvision.datasets.vision import StandardTransform
 
 from .. import _compat, files
+from ..device import batched
 from ..errors import NotCompilable  # noqa: F401 - adapters.NotCompilable, as before
 from . import discover
 from .imagelist import ImageList
@@ -83,7 +84,7 @@ class FileSamples:
 
     def batch(self, images, labels, dev, indices) -> tuple:
         """What the loop yields for a batch, as torch's default_collate would build it."""
-        return images, labels
+        return batched(images), labels
 
     def items(self, images, indices) -> list:
         """What a user's collate_fn receives: dataset[i] for each index, images already transformed."""

@@ -28,7 +28,7 @@ from PIL import ExifTags, Image, ImageOps
 from torch.utils.data import default_collate
 
 from .. import files
-from ..device import to_device
+from ..device import batched, to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
 from .discover import Recorder, as_opened, first_not_rgb, is_placeholder, is_transform, opened_placeholder, \
@@ -224,7 +224,7 @@ class HFSamples(FileSamples):
     def batch(self, images, labels, dev, indices) -> dict:
         """The dict torch's default_collate makes of the items (which raises, as it does, where a kept
         image column holds PIL images)."""
-        return {k: images if k == self.key else
+        return {k: batched(images) if k == self.key else
                 to_device(default_collate([self._value(self.mapping[k], i, lazy=False) for i in indices]), dev)
                 for k in self.order}
 

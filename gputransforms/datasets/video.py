@@ -26,7 +26,7 @@ from torch.utils.data import default_collate
 from torchvision.datasets.video_utils import VideoClips as _TVVideoClips
 
 from .. import _compat, video
-from ..device import to_device
+from ..device import batched, to_device
 from ..errors import BadSampleError
 
 
@@ -123,7 +123,7 @@ class ClipSamples:
         """(video, audio, label) batched as torch's default_collate batches torchvision's items: the
         clips' audio stacked, which raises torch's own error where their lengths differ (as torch's
         DataLoader does; torchvision's video references drop the audio in their collate_fn)."""
-        return videos, to_device(default_collate(self.audio(indices)), dev), labels
+        return batched(videos), to_device(default_collate(self.audio(indices)), dev), labels
 
     def items(self, videos, indices) -> list:
         return [(v, a, self.target(i)) for v, a, i in zip(videos, self.audio(indices), indices)]
