@@ -8,6 +8,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
 
 
 #: hardware work queues asked of the CUDA driver (its maximum; the default is 8)
@@ -127,11 +128,12 @@ def to_device(batch, dev: torch.device):
     return _to_device(batch, dev, moved)
 
 
-def batched(images) -> torch.Tensor:
+def batched(images):
     """A batch's images as torch's ``default_collate`` batches them: a tensor as it is; a list of samples (the
-    graph's or the tail's output where their sizes differ) stacked, which raises its error where they do
-    ("stack expects each tensor to be equal size, ...")."""
-    return images if isinstance(images, torch.Tensor) else torch.stack(list(images))
+    graph's or the tail's output where their sizes differ, or samples that are tuples: FiveCrop's) through
+    ``default_collate`` itself, which stacks, or raises its error ("stack expects each tensor to be equal
+    size, ...")."""
+    return images if isinstance(images, torch.Tensor) else default_collate(list(images))
 
 
 def map_tensors(batch, fn):

@@ -125,3 +125,33 @@ def test_in_memory_samples_of_their_own_sizes(device):
     ours, theirs = both(ds, device, batch_size=8, collate_fn=lambda b: tuple(zip(*b)))
     same_images(ours, theirs, 1.0 if device == "cpu" else 3.0)
     assert np.mean([tuple(a.shape) != tuple(ours[0][0][0].shape) for a in ours[0][0]]) > 0  # (sizes differ)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ten_crop_after_to_image(photo_folder, device):
+    """v2's TenCrop after ToImage gives each sample a tuple of crops; default_collate makes a list of ten
+    batches of them, on both loaders (before: a TypeError from making the tuples one tensor)."""
+    ds = datasets.ImageFolder(photo_folder, transform=v2.Compose([v2.Resize((80, 96)), v2.ToImage(), v2.TenCrop(32)]))
+    ours, theirs = both(ds, device, batch_size=8)
+    assert len(ours) == len(theirs)
+    for (a, la), (b, lb) in zip(ours, theirs):
+        assert isinstance(a, list) and isinstance(b, list) and len(a) == len(b) == 10
+        for x, y in zip(a, b):
+            assert x.shape == y.shape == (len(lb), 3, 32, 32) and x.dtype == y.dtype == torch.uint8
+            assert (x.cpu().float() - y.float()).abs().mean() < (1.0 if device == "cpu" else 3.0)
+        assert torch.equal(la.cpu(), lb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("v", ["v1", "v2"])
+def test_to_pil_image_in_the_middle_of_a_chain(photo_folder, device, v):
+    """A ToPILImage after the tensor conversion, then PIL steps and a conversion again: from the ToPILImage on
+    each step runs as written on what the chain made (before: "Could not infer dtype of Image")."""
+    import torchvision.transforms as T
+
+    steps = ([T.Resize((80, 96)), T.PILToTensor(), T.ToPILImage(), T.ColorJitter(0.3, 0.3), T.ToTensor()] if v == "v1"
+             else [v2.Resize((80, 96)), v2.ToImage(), v2.ToPILImage(), v2.ColorJitter(0.3, 0.3), v2.ToImage(),
+                   v2.ToDtype(torch.float32, scale=True)])
+    ds = datasets.ImageFolder(photo_folder, transform=(T.Compose if v == "v1" else v2.Compose)(steps))
+    ours, theirs = both(ds, device, batch_size=8)
+    same_images(ours, theirs, 1.0 if device == "cpu" else 3.0)

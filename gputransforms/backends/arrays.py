@@ -20,7 +20,7 @@ from ..compiler.batched import to_dev
 from ..compiler.stages import in_memory as in_memory_stages
 from ..compiler.tail import run_stages
 from ..datasets.inmemory import ARRAY_ADAPTERS, ArraySamples
-from ..device import to_device, torch_device
+from ..device import batched, to_device, torch_device
 from ..errors import NotCompilable, NotLowerable
 from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from .workers import TorchWorkers
@@ -170,8 +170,7 @@ class ArrayIterator(EpochIterator):
             else:
                 items = list(zip(images, [s.target(int(i)) for i in indices]))
             return to_device(collate(items), a.dev)
-        if isinstance(x, list):
-            x = torch.stack(x)  # samples of their own sizes: raises as torch's default_collate does
+        x = batched(x)  # (samples of their own sizes: raises as torch's default_collate does)
         if s.extra is not None:  # a TensorDataset: its tensors, as default_collate stacks them
             return [x] + [to_device(t[rows], a.dev) for t in s.extra]
         targets = a.targets()

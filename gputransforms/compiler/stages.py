@@ -41,6 +41,7 @@ def after_graph(plan) -> list:
     """(transform, function of the batch or None, stage) for each tail transform, in order;
     stage is "batched", "per sample", "conversion" (a ToTensor on the stand-in) or "pil"."""
     out = []
+    real = False
     for t in plan.tail:
         if plan.tail_mode == "clip":  # a clip's frames share one draw: never batched across clips
             if type(t).__name__ == "ConvertBCHWtoCBHW":  # torchvision's video references: (T,C,..) -> (C,T,..)
@@ -50,6 +51,12 @@ def after_graph(plan) -> list:
             continue
         if plan.tail_mode != "tensor":
             out.append((t, None, "pil"))
+            continue
+        if real or isinstance(t, (tv1.ToPILImage, tv2.ToPILImage)):
+            # from a ToPILImage on, a sample is what the chain itself made (a PIL image, then what follows makes
+            # of it), not a tensor standing in for torchvision's PIL image: each step runs as written
+            real = True
+            out.append((t, t, "per sample"))
             continue
         fn = on_stand_in(t)
         if fn is None or fn is _scale_to_float:

@@ -13,6 +13,7 @@ handed over.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import default_collate
@@ -27,11 +28,13 @@ def run_stages(batch, compiled: list):
     per-sample ScaleJitter, RandomZoomOut, random resize) run the stages per sample, each as torchvision's
     transform itself (a conversion as the function it stands for), until they are one size again and make a
     batch: torchvision runs them on each sample. Samples still of different sizes at the end come back as a
-    list, for the collate_fn (``default_collate`` raises on them, as it does in torch's DataLoader)."""
+    list, for the collate_fn (``default_collate`` raises on them, as it does in torch's DataLoader), and so do
+    samples that are not one tensor (FiveCrop's and TenCrop's tuples)."""
     pending: list = []
 
     def settled(samples: list):
-        return torch.stack(samples) if len({(s.shape, s.dtype) for s in samples}) == 1 else samples
+        one = all(isinstance(s, torch.Tensor) for s in samples) and len({(s.shape, s.dtype) for s in samples}) == 1
+        return torch.stack(samples) if one else samples
 
     def flush(batch):
         if pending:
@@ -39,7 +42,8 @@ def run_stages(batch, compiled: list):
             for img in batch:
                 for t in pending:
                     img = t(img)
-                out.append(torch.as_tensor(img))
+                # (a NumPy array of a user's Lambda as a tensor; FiveCrop's tuple, a PIL image as they are)
+                out.append(torch.as_tensor(img) if isinstance(img, np.ndarray) else img)
             pending.clear()
             return settled(out)
         return batch
@@ -58,7 +62,9 @@ def run_stages(batch, compiled: list):
         else:
             batch = fn(batch)
     batch = flush(batch)
-    return [b.as_subclass(torch.Tensor) for b in batch] if isinstance(batch, list) else batch.as_subclass(torch.Tensor)
+    if isinstance(batch, list):
+        return [b.as_subclass(torch.Tensor) if isinstance(b, torch.Tensor) else b for b in batch]
+    return batch.as_subclass(torch.Tensor)
 
 
 def run_tail(images, plan, device: torch.device, compiled: list) -> torch.Tensor:
