@@ -556,3 +556,20 @@ def test_a_dataset_decoding_with_decode_image(photo_folder):
     with pytest.warns(FallbackWarning, match="bound when it was imported.*call torchvision.io.decode_image"):
         loader = DataLoader(_DecodedImages(rows, root, transform=tf, bound=True), batch_size=4, device="cpu")
     assert loader.backend == "torchvision"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_is_the_list_default_collate_makes(indexed_folder, device):
+    """torch's default_collate makes a list of (image, target) tuples' batches; so does ours, on the file path,
+    the in-memory path (op by op and, on the GPU, as a CUDA graph) and after the graph's tail (it handed over a
+    tuple before)."""
+    from test_inmemory import fake
+
+    file_tf = T.Compose([T.Resize((8, 8)), T.PILToTensor(), T.ColorJitter(0.2)])
+    memory_tf = T.Compose([T.RandomCrop(24), T.ToTensor()])
+    for ds in (datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF),
+               datasets.ImageFolder(str(indexed_folder), transform=file_tf),
+               fake(torchvision.datasets.CIFAR10, n=16, transform=memory_tf)):
+        ours = [b for _, b in zip(range(2), DataLoader(ds, batch_size=4, device=device))]
+        theirs = next(iter(tud.DataLoader(ds, batch_size=4)))
+        assert all(type(b) is type(theirs) is list and len(b) == len(theirs) == 2 for b in ours), (ds, ours[0])

@@ -103,6 +103,7 @@ def same_normalized_clips(ours, theirs, device):
     limit = {"cpu": 0.05, "gpu-rgb": 0.05, "cpu-yuv": 0.4, "gpu": 0.4, "nvdec": 3.0}[device]
     assert stats_["mean"] * scale < limit, stats_
     for o, t in zip(ours, theirs):
+        assert type(o) is type(t) is list  # (default_collate's list of the (video, audio, label) batches)
         assert torch.equal(o[2].cpu(), t[2])
 
 

@@ -179,4 +179,4 @@ class ArrayIterator(EpochIterator):
         else:
             # (nested targets too: where the images are, as the file-backed path hands them over)
             labels = to_device(tud.default_collate([s.target(int(i)) for i in indices]), a.dev)
-        return x, labels
+        return [x, labels]  # (a list, as default_collate makes of (image, target) tuples)

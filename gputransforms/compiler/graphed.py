@@ -83,7 +83,7 @@ class GraphedChain:
         graph, params, x, y = self.graphs.get(len(rows)) or self._capture(len(rows))
         params.copy_(p.pin_memory(), non_blocking=True)
         graph.replay()
-        return x.clone(), y.clone()
+        return [x.clone(), y.clone()]  # (a list, as default_collate makes of (image, target) tuples)
 
 
 def build(images: torch.Tensor, targets: Optional[torch.Tensor], compiled: list) -> Optional[GraphedChain]:

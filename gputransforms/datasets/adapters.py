@@ -82,9 +82,10 @@ class FileSamples:
         """Sample ``i`` decoded by PIL and handed to the graph losslessly (a file DALI failed on)."""
         return files.decoded_by_pil(i, self.paths[i])
 
-    def batch(self, images, labels, dev, indices) -> tuple:
-        """What the loop yields for a batch, as torch's default_collate would build it."""
-        return batched(images), labels
+    def batch(self, images, labels, dev, indices) -> list:
+        """What the loop yields for a batch, as torch's default_collate would build it (a list, as it makes of
+        (image, target) tuples)."""
+        return [batched(images), labels]
 
     def items(self, images, indices) -> list:
         """What a user's collate_fn receives: dataset[i] for each index, images already transformed."""

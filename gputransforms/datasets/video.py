@@ -119,11 +119,11 @@ class ClipSamples:
         return list(_audio_pool().map(
             lambda i: clip_audio(self.paths[i], self.frames(i), fps[int(self.video_of[i])]), indices))
 
-    def batch(self, videos, labels, dev, indices) -> tuple:
+    def batch(self, videos, labels, dev, indices) -> list:
         """(video, audio, label) batched as torch's default_collate batches torchvision's items: the
         clips' audio stacked, which raises torch's own error where their lengths differ (as torch's
         DataLoader does; torchvision's video references drop the audio in their collate_fn)."""
-        return batched(videos), to_device(default_collate(self.audio(indices)), dev), labels
+        return [batched(videos), to_device(default_collate(self.audio(indices)), dev), labels]
 
     def items(self, videos, indices) -> list:
         return [(v, a, self.target(i)) for v, a, i in zip(videos, self.audio(indices), indices)]
