@@ -291,7 +291,8 @@ def test_no_noise_at_interpreter_exit(indexed_folder):
     import sys
 
     code = ("import gputransforms as g\n"
-            f"ds = g.datasets.ImageFolder({str(indexed_folder)!r}, transform=g.transforms.PILToTensor())\n"
+            f"ds = g.datasets.ImageFolder({str(indexed_folder)!r}, transform=g.transforms.Compose(["
+            "g.transforms.Resize((8, 8)), g.transforms.PILToTensor()]))\n"  # (one size: torch's collate stacks them)
             "loader = g.DataLoader(ds, batch_size=4, device='cpu')\n"
             "it = iter(loader); next(it)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -68,3 +68,57 @@ def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int) -> O
     finally:
         for g, state in saved:
             g.set_state(state)
+
+
+class TorchPaced:
+    """An epoch's index batches pulled from the sampler no further than torch's iterator pulls them with no worker
+    processes: its ``n`` batches, then the pull past them (which ends the sampler's iteration) only when the loop
+    asks for a batch after the last one (``end``). torch's RandomSampler draws once more from its generator there
+    (a ``randperm`` of which it keeps nothing): with a generator of the user's, a loop that stops after
+    ``len(loader)`` batches (Lightning's), or breaks near an epoch's end, leaves it undrawn, and the next epoch's
+    order follows from that. The feed reads ahead, and so pulled it early.
+
+    ``end_ahead``: the pull made now, for working out the next epoch (``next_epoch``) from where it leaves the
+    generators; ``undo_ahead`` then puts them back, and ``end`` moves them on to where that pull left them, if
+    nothing drew from them in between."""
+
+    def __init__(self, batches, n: int, generators: list):
+        self.batches, self.n, self.count = batches, n, 0
+        self.generators = [g for g in generators if isinstance(g, torch.Generator)]
+        self.ended = False
+        self.pulled: Optional[tuple] = None  # (the generators' states before the pull made ahead, after it)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.count >= self.n:
+            raise StopIteration
+        self.count += 1
+        return next(self.batches)
+
+    def end(self) -> None:
+        """The pull past the last batch, as torch's iterator makes it when the loop asks for one more."""
+        if self.ended or self.count < self.n:
+            return
+        self.ended = True
+        if self.pulled is None:
+            next(self.batches, None)
+            return
+        before, after = self.pulled
+        if all(torch.equal(g.get_state(), s) for g, s in zip(self.generators, before)):
+            for g, s in zip(self.generators, after):
+                g.set_state(s)
+
+    def end_ahead(self) -> None:
+        """The pull past the last batch now (``undo_ahead`` puts the generators back until ``end``)."""
+        if self.ended or self.pulled is not None or self.count < self.n:
+            return
+        before = [g.get_state() for g in self.generators]
+        next(self.batches, None)
+        self.pulled = (before, [g.get_state() for g in self.generators])
+
+    def undo_ahead(self) -> None:
+        if self.pulled is not None and not self.ended:
+            for g, s in zip(self.generators, self.pulled[0]):
+                g.set_state(s)

@@ -28,7 +28,7 @@ from ..device import cuda_connections_note, late_import_warning, to_device, torc
 from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotCompilable, SkippedSamplesWarning, \
     naming_sample, user_stacklevel
 from ..prepared import PreparedSamples
-from .ahead import next_epoch
+from .ahead import TorchPaced, next_epoch
 from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads, without
 from .workers import TorchWorkers
@@ -106,7 +106,9 @@ class CompiledGraph(Backend):
                 "no longer read ahead: the batches read ahead once differed from those the sampler then drew (it "
                 "draws from torch's global generator, which something else drew from between epochs: the loop, or "
                 "with num_workers=0 random steps after the graph or a collate_fn's MixUp or CutMix; a DataLoader "
-                "generator= keeps its draws apart), or set_epoch was not the next epoch" if self.ahead_missed else
+                "generator= keeps its draws apart), or set_epoch was not the next epoch, or with num_workers=0 and a "
+                "generator= the loop stopped after len(loader) batches without asking past the last (torch's "
+                "RandomSampler draws once more there: backends/ahead.py TorchPaced)" if self.ahead_missed else
                 "as one ends, the next one's first batches are read and decoded ahead where the sampler is torch's "
                 "own, and used if they are the batches it then draws (backends/ahead.py)"))
         return "\n".join(lines + [self.plan.explain(self.settings.device)] + self.files.explain_lines())
@@ -245,6 +247,16 @@ def declared_batch_size(batch_sampler, depth: int = 4) -> Optional[int]:
     return None
 
 
+def _paced(batches, sampling: Sampling) -> Optional[TorchPaced]:
+    """``batches`` paced as torch's iterator with no workers pulls them, where the sampler's length is known."""
+    try:
+        n = len(sampling.index_sampler)
+    except TypeError:
+        return None
+    return TorchPaced(batches, n, [sampling.generator, getattr(getattr(sampling.index_sampler, "sampler", None),
+                                                               "generator", None)])
+
+
 def _seed_of(base_seed: int) -> int:
     """An iterator's seed from its base seed (DALI's, where the loader has none, and its workers' samples')."""
     return base_seed % (2 ** 31)
@@ -270,6 +282,11 @@ class CompiledIterator(EpochIterator):
         super().__init__(sampling, resume)
         backend.max_batch(sampling)  # before the epoch's iter(): see there
         self.batches = iter(sampling.index_sampler)
+        # with no worker processes torch's iterator pulls the sampler batch by batch, and past the last one only
+        # when the loop asks for more (a RandomSampler with the user's generator draws there): so does the feed
+        self.paced = _paced(self.batches, sampling) if backend.settings.num_workers == 0 else None
+        if self.paced is not None:
+            self.batches = self.paced
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()
         s = backend.settings
         self.seed = s.seed if s.seed is not None else _seed_of(base_seed)
@@ -310,6 +327,7 @@ class CompiledIterator(EpochIterator):
         if self.done:
             raise StopIteration
         if self.slot is None and self.final_random is not None:  # its last batch is out, the slot handed back
+            self._paced_end()
             self._warn_skipped()
             raise StopIteration
         b, slot = self.backend, self.slot
@@ -321,7 +339,7 @@ class CompiledIterator(EpochIterator):
                 if not self.scheduled:
                     if self.epoch is None:
                         self.epoch = slot.epoch = b.new_epoch(self.batches, self.skipped, slot,
-                                                              b.reads_ahead(self.sampling), start=self.resumed_at)
+                                                              self._reads_ahead(), start=self.resumed_at)
                     self.scheduled = True
                     pipe.schedule_run()
                 # (where every batch of this epoch is out, what DALI holds next is the next epoch's)
@@ -344,6 +362,7 @@ class CompiledIterator(EpochIterator):
                 self._release(dirty=False)
                 raise err from e
         if out is None:
+            self._paced_end()
             raise StopIteration  # this epoch's batches are all out; DALI runs on into the next one's
         indices = self.epoch.in_flight.popleft()
         # what the samples gave beside the graph's inputs (a recorded joint transform's targets)
@@ -430,9 +449,26 @@ class CompiledIterator(EpochIterator):
         # (the batches keep their samples' places in the epoch, where these seed their draws: ``feed.Placed``)
         self.epoch = self.slot.epoch = self.backend.new_epoch(itertools.chain(pending, self.epoch.rest()),
                                                               self.skipped, self.slot,
-                                                              self.backend.reads_ahead(self.sampling),
+                                                              self._reads_ahead(),
                                                               start=self.epoch.rest_place())
         self.scheduled = False
+
+    def _reads_ahead(self) -> Optional[Callable]:
+        """The backend's ``reads_ahead``, the sampler's end pulled first where it is paced as torch's (``TorchPaced``:
+        the next epoch follows a loop that asks past the last batch, as a for loop does)."""
+        predict = self.backend.reads_ahead(self.sampling)
+        paced = self.paced
+        if predict is None or paced is None:
+            return predict
+
+        def after_the_end():
+            paced.end_ahead()
+            try:
+                return predict()
+            finally:
+                paced.undo_ahead()
+
+        return after_the_end
 
     def _take_ahead(self):
         """This iterator's first batch, on a pipeline that the epoch before fed on into this one: the sampler
@@ -442,7 +478,7 @@ class CompiledIterator(EpochIterator):
         slot, feed = self.slot, self.slot.epoch
         first = list(itertools.islice(self.batches, len(feed.spec) if feed is not None and feed.spec else 0))
         if feed is not None and feed.adopt(first, self.batches, self.skipped, self.backend.skips(),
-                                           self.backend.reads_ahead(self.sampling), seed=self.sample_seed):
+                                           self._reads_ahead(), seed=self.sample_seed):
             slot.ahead = False
             self.epoch, self.scheduled = feed, True  # (DALI's queue holds this epoch's first batches)
             return
@@ -469,7 +505,12 @@ class CompiledIterator(EpochIterator):
         self._warn_skipped()
         return True
 
+    def _paced_end(self):
+        if self.paced is not None:
+            self.paced.end()
+
     def _end_of_epoch(self):
+        self._paced_end()
         self.done = True
         self.slot.pipe.reset()
         epoch = self.epoch
