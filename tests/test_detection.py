@@ -331,6 +331,27 @@ def test_a_function_around_a_preset_is_recorded(coco, device, aug):
             same_targets(ta, tb)
 
 
+@pytest.mark.parametrize("first", ["pil", "tensor"])
+def test_a_joint_resize_with_pils_box_filter(coco, first):
+    """A joint chain that resizes with PIL's box filter (which DALI lacks): on PIL images it runs as torchvision
+    runs it, the same targets; on tensors both loaders raise torchvision's NotImplementedError (before: DALI's
+    AttributeError for the filter '?BOX' as the graph was built)."""
+    box = v2.Resize(64, interpolation=v2.InterpolationMode.BOX)
+    steps = [box, v2.ToImage()] if first == "pil" else [v2.ToImage(), box]
+    ds = wrapped(coco, v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True)]), keys=["boxes", "labels", "image_id"])
+    if first == "tensor":
+        for cls in (DataLoader, tud.DataLoader):
+            with pytest.raises(NotImplementedError):
+                list(cls(ds, batch_size=4, collate_fn=detection_collate))
+        return
+    with pytest.warns(FallbackWarning):
+        ours, theirs = side_by_side(ds, "cpu")
+    for (oi, ot), (ti, tt) in zip(ours, theirs):
+        for a, b, ta, tb in zip(oi, ti, ot, tt):
+            assert a.shape == b.shape and torch.equal(a.cpu(), b)
+            same_targets(ta, tb)
+
+
 def test_images_without_annotations_as_torchvision_treats_them(coco):
     """Without the reference's Subset: an image without annotations gets {"image_id"} only, and
     SanitizeBoundingBoxes then raises torchvision's own error, on both loaders (ours names the sample and

@@ -646,7 +646,10 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
                 samples.large_items = any(isinstance(v, tv_tensors.Mask) for v in leaves) or _travels_large(whole)
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
-            return dataclasses.replace(program.as_recorded(ops) if user else program, tail=tail)
+            program = dataclasses.replace(program.as_recorded(ops) if user else program, tail=tail)
+            if any(name.startswith("?") for name, _ in program.resizes):
+                return None  # a filter DALI lacks (PIL's box or Hamming): as torchvision runs it, or raises
+            return program
         except recorded.Unrecordable:
             return None
         except Exception:  # noqa: BLE001 - this sample's own error (no boxes, say): the next one
