@@ -47,6 +47,7 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
+import torchvision.transforms as tv1
 from torchvision.transforms import v2 as tv2
 
 from .. import _compat
@@ -671,8 +672,6 @@ def _keeps_shape(t) -> bool:
     """Whether ``t`` leaves a sample's shape and dtype as they are (what a container's rows are written back
     into): the colour, blur, noise, erasing and normalize kernels, warps without ``expand``, and containers of
     those; not a resize, crop, pad, dtype conversion or one-channel grayscale."""
-    import torchvision.transforms as tv1
-
     if isinstance(t, (tv1.RandomApply, tv1.RandomChoice, tv1.RandomOrder, tv1.Compose, tv2.RandomApply,
                       tv2.RandomChoice, tv2.RandomOrder, tv2.Compose)):
         return all(_keeps_shape(u) for u in t.transforms)

@@ -506,11 +506,20 @@ def _uint8_fill(fill) -> tuple:
 
 
 def interp_name(interpolation) -> str:
+    """DALI's name of a resize filter, or ``_NO_FILTER`` and torchvision's name where DALI has none."""
     from torchvision.transforms.v2.functional._geometry import _check_interpolation
 
     mode = _check_interpolation(interpolation)
     return {"NEAREST": "INTERP_NN", "NEAREST_EXACT": "INTERP_NN", "BILINEAR": "INTERP_LINEAR",
-            "BICUBIC": "INTERP_CUBIC", "LANCZOS": "INTERP_LANCZOS3"}.get(mode.name, "?" + mode.name)
+            "BICUBIC": "INTERP_CUBIC", "LANCZOS": "INTERP_LANCZOS3"}.get(mode.name, _NO_FILTER + mode.name)
+
+
+_NO_FILTER = "?"
+
+
+def lacks_a_filter(program: "JointProgram") -> bool:
+    """Whether one of ``program``'s resizes has a filter DALI lacks (PIL's box or Hamming)."""
+    return any(name.startswith(_NO_FILTER) for name, _ in program.resizes)
 
 
 def tail_op(name: str, a: dict) -> tuple:

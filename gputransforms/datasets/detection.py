@@ -583,18 +583,22 @@ def _user_class(t) -> bool:
     be recorded where a probe shows that it does not read the pixels."""
     from torchvision.transforms import v2
 
-    if isinstance(t, functools.partial):
-        t = t.func
-    if inspect.isfunction(t):
-        return not (t.__module__ or "").startswith("torchvision.")
+    function = _function_of(t)
+    if function is not None:
+        return not (function.__module__ or "").startswith("torchvision.")
     return isinstance(t, v2.Transform) and not type(t).__module__.startswith("torchvision.")
+
+
+def _function_of(t):
+    """The function a step is (a ``functools.partial``'s own), or None for an object."""
+    t = t.func if isinstance(t, functools.partial) else t
+    return t if inspect.isfunction(t) else None
 
 
 def _step_name(t) -> str:
     """A step's name for explain(): its class's, or a function's own."""
-    if isinstance(t, functools.partial):
-        t = t.func
-    return getattr(t, "__qualname__", type(t).__name__) if inspect.isfunction(t) else type(t).__name__
+    function = _function_of(t)
+    return function.__qualname__ if function is not None else type(t).__name__
 
 
 def _user_steps(steps: list) -> list:
@@ -647,7 +651,7 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
             tail = tuple(recorded.tail_op(name, a) for name, a, _ in ops if name in recorded.TAIL)
             recorded.affine_of(tail)
             program = dataclasses.replace(program.as_recorded(ops) if user else program, tail=tail)
-            if any(name.startswith("?") for name, _ in program.resizes):
+            if recorded.lacks_a_filter(program):
                 return None  # a filter DALI lacks (PIL's box or Hamming): as torchvision runs it, or raises
             return program
         except recorded.Unrecordable:
