@@ -3,6 +3,7 @@ the same dataset object (#36): transformers' image-classification shape compiles
 are the same, and other shapes fall back with a reason that fits."""
 from __future__ import annotations
 
+import functools
 import io
 
 import pytest
@@ -234,3 +235,39 @@ def test_other_shapes_fall_back_with_a_reason_that_fits(table, shape, why):
         loader = DataLoader(shape(table), batch_size=4, device="cpu")
     assert loader.backend == "torchvision"
     assert why in str(caught[0].message) and "to compile it" in str(caught[0].message), str(caught[0].message)
+
+
+def _keyword(batch, transform=None):
+    batch["pixel_values"] = [transform(image.convert("RGB")) for image in batch["image"]]
+    del batch["image"]
+    return batch
+
+
+def _positional(transform, batch):
+    return _keyword(batch, transform)
+
+
+def _default(batch, transform=EVAL):
+    return _keyword(batch, transform)
+
+
+def _keyword_only(batch, *, transform=EVAL):
+    return _keyword(batch, transform)
+
+
+@pytest.mark.parametrize("fn", [functools.partial(_keyword, transform=EVAL), functools.partial(_positional, EVAL),
+                                _default, _keyword_only], ids=["partial-keyword", "partial-positional", "default",
+                                                               "keyword-only-default"])
+def test_transform_bound_by_partial_or_default_compiles(table, fn):
+    """The transform reached through functools.partial's arguments or the function's defaults, not a global or a
+    closure: compiled, the same batches, and the function's own transform put back after the probe."""
+    ours = DataLoader(table.with_transform(fn), batch_size=8, device="cpu")
+    assert ours.backend == "dali", ours.reason
+    theirs = tud.DataLoader(table.with_transform(fn), batch_size=8)
+    for a, b in zip(ours, theirs):
+        assert a["label"].tolist() == b["label"].tolist()
+        assert (a["pixel_values"] - b["pixel_values"]).abs().mean() * 0.25 * 255 < 0.5
+    held = fn.keywords.get("transform") if isinstance(fn, functools.partial) else None
+    held = held or (fn.args[0] if isinstance(fn, functools.partial) and fn.args else None)
+    held = held or (fn.__defaults__ or [None])[0] or (fn.__kwdefaults__ or {}).get("transform")
+    assert held is EVAL

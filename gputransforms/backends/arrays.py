@@ -17,6 +17,8 @@ import torch.utils.data as tud
 from .. import state
 from ..compiler import graphed
 from ..compiler.batched import to_dev
+from ..compiler.chain import output_kind
+from ..compiler.stages import as_made
 from ..compiler.stages import in_memory as in_memory_stages
 from ..compiler.tail import run_stages
 from ..datasets.inmemory import ARRAY_ADAPTERS, ArraySamples
@@ -112,6 +114,11 @@ def choose(settings: Settings, dataset, resolve) -> Optional[Backend]:
         return TorchWorkers(settings, str(e))
     if getattr(samples, "plan_input", "") != "array":
         return None
+    kind = output_kind(samples.transform, "pil" if samples.pil else "tensor")
+    if kind == "pil" and samples.transform is not None and settings.collate is not None:
+        return TorchWorkers(settings, f"{type(dataset).__name__}'s transform hands your collate_fn PIL images; they "
+                                      "are made per sample by torchvision (to compile it, end the transform with "
+                                      "ToTensor() or PILToTensor())")
     try:
         stages = in_memory_stages(samples.transform, samples.pil) if samples.transform else []
     except NotLowerable as e:
@@ -133,6 +140,8 @@ class ArrayIterator(EpochIterator):
     def __init__(self, backend: DeviceArraysBackend, sampling: Sampling, resume: Optional[state.Position] = None):
         super().__init__(sampling, resume)
         self.arrays, self.compiled, self.collate = backend.arrays, backend.stages, backend.settings.collate
+        s = backend.arrays.samples
+        self.kind = output_kind(s.transform, "pil" if s.pil else "tensor") if s.transform is not None else None
         self.batches = iter(sampling.index_sampler)
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()  # (torch's)
         self.own_stage_rng(base_seed, backend.settings.num_workers)
@@ -165,6 +174,7 @@ class ArrayIterator(EpochIterator):
         collate = self.collate
         if collate is not None:  # what torch hands it: dataset[i] for each index, transformed
             images = x.unbind(0) if isinstance(x, torch.Tensor) else x  # (a list: samples of their own sizes)
+            images = as_made(images, self.kind)  # (tv_tensors.Image where torchvision's v2 chain makes them)
             if s.extra is not None:
                 items = [(img, *(t[r] for t in s.extra)) for img, r in zip(images, rows.tolist())]
             else:

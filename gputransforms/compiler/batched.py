@@ -170,6 +170,8 @@ def lower_normalize(t) -> Batched:
                 return t(x)
             cache[key] = tuple(to_dev(v.view(-1, 1, 1) if v.ndim == 1 else v, x.device) for v in (mean, std))
         mean, std = cache[key]
+        if mean.shape[0] not in (1, x.shape[-3]) or std.shape[0] not in (1, x.shape[-3]):
+            return t(x)  # v1 raises (in place), v2 broadcasts to the mean's channels
         return x.sub_(mean).div_(std)
     return run
 

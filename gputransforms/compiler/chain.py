@@ -213,3 +213,51 @@ def tensor_capable(t) -> bool:
     if isinstance(t, tv1.Pad) and not isinstance(t.fill, (int, float)):
         return False  # v1's tensor pad takes one number as fill; PIL's takes a colour
     return isinstance(t, TENSOR_CAPABLE_V1)
+
+
+#: conversions by what they make of each kind of image (v2's ToTensor and PILToTensor pass a tv_tensors.Image
+#: through as it is; v1's raise on anything but their own input, which the chain would not run to)
+_MAKES = ((tv2.ToImage, {"pil": "tv_image", "tensor": "tv_image", "tv_image": "tv_image"}),
+          (tv2.ToPureTensor, {"pil": "pil", "tensor": "tensor", "tv_image": "tensor"}),
+          ((tv2.ToTensor, tv2.PILToTensor), {"pil": "tensor", "tensor": "tensor", "tv_image": "tv_image"}),
+          ((tv1.ToTensor, tv1.PILToTensor), {"pil": "tensor", "tensor": "tensor"}),
+          ((tv1.ToPILImage, tv2.ToPILImage), {"pil": "pil", "tensor": "pil", "tv_image": "pil"}))
+
+
+def output_kind(transform, start: str = "pil") -> Optional[str]:
+    """What torchvision's ``transform`` hands out for an image given as ``start``: "pil", "tensor" (a plain
+    tensor) or "tv_image" (a ``tv_tensors.Image``; tuples of them from FiveCrop/TenCrop), or None where code of
+    the user's or a random draw decides (a Lambda, a user's class, a v1 transform on a ``tv_tensors.Image``,
+    a container whose branches end differently). The loader's items follow it where it is known: our stages
+    run on plain tensors standing in for both PIL images and tv_tensors."""
+    from torchvision.transforms import _presets
+
+    kind: Optional[str] = start
+    if transform is None:
+        return kind
+    if _stock_compose(transform):
+        for t in transform.transforms:
+            kind = output_kind(t, kind)  # (None on: a later ToImage or ToPILImage still decides)
+        return kind
+    if type(transform).__name__ in PRESET_WRAPPERS and isinstance(getattr(transform, "transforms", None),
+                                                                  (tv1.Compose, tv2.Compose)):
+        return output_kind(transform.transforms, start)
+    if type(transform) in model_presets() + (_presets.VideoClassification,):
+        return "tensor"  # (their forwards call v1 functionals, which hand plain tensors on)
+    if user_override(transform) is not None or isinstance(transform, (tv1.Lambda, tv2.Lambda)):
+        return None
+    for classes, makes in _MAKES:
+        if isinstance(transform, classes):
+            if start is None:  # what came before is not known: known after only where every input ends alike
+                return next(iter(makes.values())) if len(set(makes.values())) == 1 else None
+            return makes.get(start)
+    if start is None:
+        return None
+    if isinstance(transform, _CONTAINERS):  # every branch must end where it began (or the draw decides)
+        inner = transform.transforms if isinstance(transform.transforms, (list, tuple)) else [transform.transforms]
+        return start if all(output_kind(c, start) == start for c in inner) else None
+    if isinstance(transform, tv2.Transform):
+        return start  # v2 keeps each input's type
+    if type(transform).__module__.startswith("torchvision.transforms."):
+        return start if start != "tv_image" else None  # v1 on a tv_tensor: plain tensors, or the input as it is
+    return None

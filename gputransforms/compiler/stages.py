@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import PIL.Image
 import torch
 import torchvision.transforms as tv1
+from torchvision import tv_tensors
 from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
 from . import registry
-from .chain import TO_TENSOR, NotLowerable, flatten, tensor_capable
+from .chain import TO_TENSOR, NotLowerable, flatten, output_kind, tensor_capable
 
 
 def _scale_to_float(x: torch.Tensor) -> torch.Tensor:
@@ -67,6 +69,14 @@ def after_graph(plan) -> list:
     return out
 
 
+def _grey_of_pil(t) -> Callable:
+    """Grayscale(3) on one-channel tensors standing in for PIL "L" images: PIL makes three channels of the grey
+    one, where v1's tensor kernel keeps its input's one."""
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return x.repeat_interleave(3, dim=-3) if x.shape[-3] == 1 else t(x)
+    return run
+
+
 def in_memory(transform, pil: bool = True) -> list:
     """(transform, function of the batch or None, stage) for each transform of an in-memory chain; stage
     is "vectorized", "batched", "per sample" or "conversion". ``pil``: the chain starts on PIL images."""
@@ -81,6 +91,9 @@ def in_memory(transform, pil: bool = True) -> list:
             raise NotLowerable(f"{type(t).__name__} needs a PIL image (its tensor kernels differ or are missing, "
                                "or it is the user's own)", "to compile it, put ToImage() or PILToTensor() before "
                                "it, or write it with torch ops on tensors")
+        if image_state and isinstance(t, (tv1.Grayscale, tv2.Grayscale)) and t.num_output_channels == 3:
+            out.append((t, _grey_of_pil(t), "batched"))  # (tensor_capable: not a subclass of the user's)
+            continue
         fn = registry.vectorized_of(t)
         if fn is not None:
             out.append((t, fn, "vectorized"))
@@ -91,3 +104,40 @@ def in_memory(transform, pil: bool = True) -> list:
         raise TypeError("the transform chain ends with a PIL image, which cannot be batched (torch's "
                         "default_collate raises too); end it with ToTensor() or PILToTensor()")
     return out
+
+
+def item_kind(transform, plan_input: str) -> Optional[str]:
+    """``chain.output_kind`` of a chain over decoded files: what torchvision's own items are ("pil",
+    "tv_image", "tensor"), or None where the loader's own output stands."""
+    if plan_input not in ("image", "image tensor"):
+        return None
+    return output_kind(transform, "tensor" if plan_input == "image tensor" else "pil")
+
+
+def as_made(images: list, kind: Optional[str]) -> list:
+    """Each sample's output as torchvision's chain makes it (``kind``: ``item_kind``): our stages run on plain
+    tensors, so where torchvision hands a ``tv_tensors.Image`` (a v2 chain after ``ToImage``) the tensor is
+    viewed as one, and where it hands a PIL image (a chain without a conversion) the graph's HWC uint8 pixels
+    become one. What a collate_fn of the user's receives; default_collate makes the same batch of either."""
+    if kind == "tv_image":
+        return [_as_tv_image(x) for x in images]
+    if kind == "pil":
+        return [_as_pil(x) for x in images]
+    return images
+
+
+def _as_tv_image(x):
+    if isinstance(x, (list, tuple)):  # FiveCrop / TenCrop
+        return type(x)(_as_tv_image(c) for c in x)
+    if type(x) is torch.Tensor:
+        return x.as_subclass(tv_tensors.Image)
+    return x
+
+
+def _as_pil(x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_as_pil(c) for c in x)
+    if isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 3:
+        arr = x.cpu().numpy()
+        return PIL.Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
+    return x

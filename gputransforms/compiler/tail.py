@@ -18,6 +18,8 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
+from ..device import to_device
+
 
 def run_stages(batch, compiled: list):
     """(transform, function, stage) triples on a batch, in order: whole-batch functions on the batch,
@@ -79,4 +81,8 @@ def run_tail(images, plan, device: torch.device, compiled: list) -> torch.Tensor
         for t in plan.tail:
             img = t(img)
         samples.append(img)
-    return default_collate(samples).to(device)
+    if all(isinstance(s, torch.Tensor) for s in samples) and len({(s.shape, s.dtype) for s in samples}) == 1:
+        return default_collate(samples).to(device)  # (one copy)
+    # tuples (FiveCrop's), PIL images, samples of their own sizes: each as the chain made it, for the collate_fn
+    # (or default_collate, which stacks or raises as it does in torch's loader)
+    return [to_device(s, device) for s in samples]

@@ -21,6 +21,7 @@ from torchvision.datasets.folder import default_loader, pil_loader
 from torchvision.datasets.vision import StandardTransform
 
 from .. import _compat, files
+from ..compiler import stages
 from ..device import batched
 from ..errors import NotCompilable  # noqa: F401 - adapters.NotCompilable, as before
 from . import discover
@@ -88,7 +89,9 @@ class FileSamples:
         return [batched(images), labels]
 
     def items(self, images, indices) -> list:
-        """What a user's collate_fn receives: dataset[i] for each index, images already transformed."""
+        """What a user's collate_fn receives: dataset[i] for each index, images already transformed (and of
+        torchvision's types: ``stages.as_made``)."""
+        images = stages.as_made(images, stages.item_kind(self.transform, self.plan_input))
         return list(zip(images, [self.target(i) for i in indices]))
 
     def per_sample_note(self) -> Optional[str]:

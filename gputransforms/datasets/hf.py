@@ -17,6 +17,7 @@ keeps it, is a ``LazyImage``: the row's image as ``datasets`` decodes it, read a
 """
 from __future__ import annotations
 
+import functools
 import io
 import sys
 import threading
@@ -28,6 +29,7 @@ from PIL import ExifTags, Image, ImageOps
 from torch.utils.data import default_collate
 
 from .. import files
+from ..compiler import stages
 from ..device import batched, to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples
@@ -54,8 +56,32 @@ def _names(code) -> set:
 
 
 def _slots(fn) -> list:
-    """(get, set) of every place ``fn`` finds a transform: its globals by name, its closure cells."""
+    """(get, set) of every place ``fn`` finds a transform: its globals by name, its closure cells, its
+    defaults; for a ``functools.partial`` of a function, its bound arguments and its function's places."""
+    if isinstance(fn, functools.partial):
+        slots = _slots(fn.func)
+        for k, value in (fn.keywords or {}).items():
+            if is_transform(value):
+                slots.append((lambda k=k: fn.keywords[k], lambda v, k=k: fn.keywords.__setitem__(k, v)))
+        for j, value in enumerate(fn.args):
+            if is_transform(value):
+                def put(v, j=j):
+                    args = list(fn.args)
+                    args[j] = v
+                    fn.__setstate__((fn.func, tuple(args), fn.keywords, fn.__dict__ or None))
+                slots.append((lambda j=j: fn.args[j], put))
+        return slots
     slots = []
+    for j, value in enumerate(fn.__defaults__ or ()):
+        if is_transform(value):
+            def put_default(v, j=j):
+                defaults = list(fn.__defaults__)
+                defaults[j] = v
+                fn.__defaults__ = tuple(defaults)
+            slots.append((lambda j=j: fn.__defaults__[j], put_default))
+    for k, value in (fn.__kwdefaults__ or {}).items():
+        if is_transform(value):
+            slots.append((lambda k=k: fn.__kwdefaults__[k], lambda v, k=k: fn.__kwdefaults__.__setitem__(k, v)))
     g = getattr(fn, "__globals__", {})
     for name in sorted(_names(fn.__code__)):
         if name in g and is_transform(g[name]):
@@ -70,15 +96,20 @@ def _slots(fn) -> list:
     return slots
 
 
+def _name(fn) -> str:
+    return getattr(fn, "__name__", None) or f"partial({getattr(fn.func, '__name__', '?')}, ...)"
+
+
 def _probe(fn, row: dict, column: str):
     """(the transform fn applies, the key its results go under, {output key: input column}) from one
     run of ``fn`` on ``row`` with a placeholder image; NotCompilable where fn is not of the shape."""
-    if not isinstance(fn, types.FunctionType):
+    if not isinstance(fn.func if isinstance(fn, functools.partial) else fn, types.FunctionType):
         raise NotCompilable(f"the dataset's format transform is a {type(fn).__name__}, not a function", _ADVICE)
+    name = _name(fn)
     slots = _slots(fn)
     chains = {id(get()): get() for get, _ in slots}
     if len(chains) != 1:
-        raise NotCompilable(f"the format transform {fn.__name__} names {len(chains)} torchvision/timm transforms "
+        raise NotCompilable(f"the format transform {name} names {len(chains)} torchvision/timm transforms "
                             "(one is needed, applied to each image)", _ADVICE)
     chain = next(iter(chains.values()))
     recorder = Recorder()
@@ -92,17 +123,17 @@ def _probe(fn, row: dict, column: str):
             with watching():  # (whether it converts the image to RGB)
                 out = fn(batch)
         except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
-            raise NotCompilable(f"the format transform {fn.__name__} does something to the image before or after "
+            raise NotCompilable(f"the format transform {name} does something to the image before or after "
                                 f"its transform (on a placeholder: {type(e).__name__}: {e})", _ADVICE) from None
         finally:
             for _, put in slots:
                 put(chain)
     seen = recorder.seen
     if len(seen) != 1 or not is_placeholder(seen[0]):
-        raise NotCompilable(f"the format transform {fn.__name__} changes the image before its transform (only "
+        raise NotCompilable(f"the format transform {name} changes the image before its transform (only "
                             ".convert('RGB') is compiled)", _ADVICE)
     if not isinstance(out, dict):
-        raise NotCompilable(f"the format transform {fn.__name__} returns a {type(out).__name__}, not the batch", _ADVICE)
+        raise NotCompilable(f"the format transform {name} returns a {type(out).__name__}, not the batch", _ADVICE)
     keys = [k for k, v in out.items() if isinstance(v, list) and len(v) == 1 and v[0] is recorder]
     mapping = {}
     for k, v in out.items():
@@ -110,10 +141,10 @@ def _probe(fn, row: dict, column: str):
             continue
         source = next((c for c, col in inputs.items() if v is col), None)
         if source is None:
-            raise NotCompilable(f"the format transform {fn.__name__} computes {k!r} from the row", _ADVICE)
+            raise NotCompilable(f"the format transform {name} computes {k!r} from the row", _ADVICE)
         mapping[k] = source
     if len(keys) != 1:
-        raise NotCompilable(f"the format transform {fn.__name__} puts the transformed images under {len(keys)} keys",
+        raise NotCompilable(f"the format transform {name} puts the transformed images under {len(keys)} keys",
                             _ADVICE)
     return chain, keys[0], mapping, list(out), as_opened(seen[0])
 
@@ -212,7 +243,7 @@ class HFSamples(FileSamples):
         for k in self.order:
             source = self.mapping.get(k)
             if k == self.key:
-                columns.append(images)
+                columns.append(stages.as_made(images, stages.item_kind(self.transform, self.plan_input)))
             elif source == self.column:
                 columns.append([LazyImage(self.decoded, i) for i in indices])
             else:
@@ -339,9 +370,9 @@ def resolve_hf(ds) -> HFSamples:
     rows = plain.select_columns(needed)[:] if needed else {}
     samples = HFSamples(ds, column, chain, key, mapping, order, rows,
                         f"{len(ds)} rows of a Hugging Face dataset: column {column!r}'s encoded images from Arrow, "
-                        f"items as {fn.__name__} makes them (datasets/hf.py)")
+                        f"items as {_name(fn)} makes them (datasets/hf.py)")
     if unconverted:
-        _decoded_as_rgb(samples, fn.__name__)
+        _decoded_as_rgb(samples, _name(fn))
     return samples
 
 
