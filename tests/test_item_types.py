@@ -164,3 +164,22 @@ def test_v1_normalize_with_more_means_than_channels_raises_as_torchvision():
         list(tud.DataLoader(fake(torchvision.datasets.MNIST, n=8, transform=tf), batch_size=4))
     with pytest.raises(RuntimeError):
         list(DataLoader(fake(torchvision.datasets.MNIST, n=8, transform=tf), batch_size=4, device="cpu"))
+
+
+@pytest.mark.parametrize("kind", ["files", "in memory"])
+def test_string_targets_batch_as_default_collate_makes_them(photo_folder, kind):
+    """default_collate keeps a batch of strings as the tuple its transposition makes (targets through a
+    target_transform that names the class)."""
+    tf = T1.Compose([T1.Resize((16, 16)), T1.ToTensor()])
+
+    def make():
+        if kind == "files":
+            return torchvision.datasets.ImageFolder(str(photo_folder), transform=tf, target_transform=lambda y: f"c{y}")
+        ds = fake(torchvision.datasets.CIFAR10, n=12, transform=tf)
+        ds.target_transform = lambda y: f"c{y}"
+        return ds
+
+    theirs = list(tud.DataLoader(make(), batch_size=4))
+    ours = list(DataLoader(make(), batch_size=4, device="cpu"))
+    assert [type(b[1]) for b in ours] == [type(b[1]) for b in theirs] == [tuple] * len(theirs)
+    assert [b[1] for b in ours] == [b[1] for b in theirs]

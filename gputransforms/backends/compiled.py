@@ -215,7 +215,7 @@ class CompiledGraph(Backend):
         if f.target_transforms is None and all(type(f.targets[i]) is int for i in indices):
             labels = torch.as_tensor([f.targets[i] for i in indices], dtype=torch.int64)
         else:
-            labels = tud.default_collate([f.target(i) for i in indices])
+            labels = tud.default_collate(tuple(f.target(i) for i in indices))  # (a tuple: torch's transposed batch)
         return to_device(labels, dev)
 
     def close(self):
