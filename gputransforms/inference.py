@@ -55,9 +55,9 @@ class CompiledTransform:
             out.extend(self._run(items[start:start + self.max_batch_size], start))
         if single:
             return out[0]
-        if out and all(o.shape == out[0].shape for o in out):
+        if out and all(isinstance(o, torch.Tensor) and o.shape == out[0].shape for o in out):
             return torch.stack(out)
-        return out  # output sizes differ (a chain without a fixed final size)
+        return out  # output sizes differ (a chain without a fixed final size), or tuples (FiveCrop's)
 
     def _encoded(self, index: int, item) -> np.ndarray:
         name, raw = _raw(index, item)

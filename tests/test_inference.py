@@ -93,3 +93,13 @@ def test_sizes_that_differ_give_a_list_and_a_full_chain_normalizes(blobs):
     assert got.dtype == torch.float32 and (got - reference(tf, blobs[:4])).abs().mean() < 0.5 / 255 / 0.25
     with pytest.raises(ValueError, match="nothing in this chain compiles"):
         gputransforms.compile(T.Compose([T.Lambda(lambda x: x)]))
+
+
+def test_five_crops_give_a_list_of_each_images_tuple(blobs):
+    tf = T.Compose([T.Resize((64, 64)), T.PILToTensor(), T.FiveCrop(32)])
+    out = gputransforms.compile(tf, device="cpu")(blobs[:3])
+    ref = [tf(Image.open(io.BytesIO(b)).convert("RGB")) for b in blobs[:3]]
+    assert isinstance(out, list) and len(out) == 3
+    for got, want in zip(out, ref):
+        assert isinstance(got, tuple) and len(got) == 5
+        assert all((g.double() - w.double()).abs().mean() < TOL["cpu"] for g, w in zip(got, want))
