@@ -6,6 +6,10 @@ plain ``torch.utils.data.DataLoader``. ``gputransforms.DataLoader`` reads their 
 its ``__getitem__`` on a placeholder image (discover.py), and compiles the transform. Video
 datasets (video.py) give clips: the frames torchvision's ``VideoClips`` selects, decoded by NVDEC.
 """
+import importlib as _importlib
+import sys as _sys
+
+import torchvision.datasets as _tvd
 from torchvision.datasets import DatasetFolder as _TVDatasetFolder
 from torchvision.datasets import ImageFolder as _TVImageFolder
 from torchvision.datasets import (CIFAR10, CIFAR100, DTD, EMNIST, KMNIST, MNIST, STL10, SUN397, SVHN,  # noqa: F401
@@ -28,6 +32,25 @@ IN_MEMORY = ["CIFAR10", "CIFAR100", "EMNIST", "FashionMNIST", "KMNIST", "MNIST",
 VIDEO = ["HMDB51", "Kinetics", "UCF101"]
 __all__ = ["DatasetFolder", "ImageFolder", "ImageList", "IMG_EXTENSIONS", "default_loader",
            "has_file_allowed_extension"] + FILE_BACKED + IN_MEMORY + VIDEO
+
+
+def __getattr__(name: str):
+    """Every other public name of ``torchvision.datasets`` (CocoDetection, VOCSegmentation, ImageNet, FakeData,
+    ``wrap_dataset_for_transforms_v2``, ...), unchanged: swapping the import never breaks a script, and
+    ``gputransforms.DataLoader`` reads those objects as torchvision's (what it cannot compile runs on torch's
+    DataLoader, and says so)."""
+    if not name.startswith("_") and hasattr(_tvd, name):
+        return getattr(_tvd, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | {n for n in dir(_tvd) if not n.startswith("_")})
+
+
+# ``import gputransforms.datasets.folder`` and the like, as with torchvision: its own modules
+for _sub in ("folder", "vision", "utils"):
+    _sys.modules[f"{__name__}.{_sub}"] = _importlib.import_module(f"torchvision.datasets.{_sub}")
 
 
 class DatasetFolder(_TVDatasetFolder):

@@ -12,7 +12,15 @@ from torchvision.transforms import InterpolationMode  # noqa: F401
 from torchvision.transforms import v2  # noqa: F401
 from torchvision.transforms.v2 import ToDtype, ToImage  # noqa: F401 - the v2 spellings
 
+import importlib as _importlib
+import sys as _sys
+
 import torchvision.transforms as _tv
+
+# ``import gputransforms.transforms.functional as F``, ``from gputransforms.transforms.v2 import functional``:
+# torchvision's own modules under this name, as a swapped import expects them
+for _sub in ("functional", "transforms", "autoaugment", "v2", "v2.functional"):
+    _sys.modules[f"{__name__}.{_sub}"] = _importlib.import_module(f"torchvision.transforms.{_sub}")
 
 __all__ = sorted(set(getattr(_tv, "__all__", [n for n in dir(_tv) if n[:1].isupper()]))
                  | {"Compose", "ToImage", "ToDtype", "InterpolationMode", "v2"})
