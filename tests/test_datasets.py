@@ -337,15 +337,32 @@ class NoTransformAttr(TutorialDataset):
         return self.pipeline(Image.open(os.path.join(self.root, self.rows[i][0]))), 0
 
 
-class AsDict(TutorialDataset):
+class AsDictWithTheOpenedImage(TutorialDataset):
     def __getitem__(self, i):
-        return {"image": self.transform(Image.open(os.path.join(self.root, self.rows[i][0]))), "label": 0}
+        img = Image.open(os.path.join(self.root, self.rows[i][0])).convert("RGB")
+        return {"image": self.transform(img), "mean": T.functional.pil_to_tensor(img).float().mean()}
+
+
+class WithTheImagesSize(TutorialDataset):
+    def __getitem__(self, i):
+        img = Image.open(os.path.join(self.root, self.rows[i][0])).convert("RGB")
+        return self.transform(img), torch.tensor(img.size)
+
+
+class TwoViews(TutorialDataset):
+    def __getitem__(self, i):
+        img = Image.open(os.path.join(self.root, self.rows[i][0])).convert("RGB")
+        return (self.transform(img), self.transform(img)), 0
 
 
 @pytest.mark.parametrize("cls, why", [(Cropping, "changes the image between opening it and self.transform"),
                                       (FromBytes, "opens an image from a BytesIO, not from a file"),
                                       (NoTransformAttr, "has no `transform` attribute"),
-                                      (AsDict, "does not return (self.transform(image), target)")])
+                                      (AsDictWithTheOpenedImage, "makes part of what it returns beside "
+                                                                 "self.transform from the image"),
+                                      (WithTheImagesSize, "makes part of what it returns beside self.transform "
+                                                          "from the image (index 0"),
+                                      (TwoViews, "calls self.transform 2 times for index 0")])
 def test_users_dataset_that_cannot_be_read_without_decoding_runs_on_torch_and_says_why(flat_folder, cls, why):
     import re
 
@@ -359,7 +376,61 @@ def test_users_dataset_that_cannot_be_read_without_decoding_runs_on_torch_and_sa
     assert len(got) == len(ref)
     for a, b in zip(got, ref):
         a, b = (list(a.values()), list(b.values())) if isinstance(a, dict) else (a, b)
-        assert torch.equal(a[0], b[0]) and same_targets(a[1], b[1])
+        if isinstance(b[0], list):  # (two views)
+            assert all(torch.equal(x, y) for x, y in zip(a[0], b[0])) and same_targets(a[1], b[1])
+        else:
+            assert torch.equal(a[0], b[0]) and same_targets(a[1], b[1])
+
+
+class Shaped(TutorialDataset):
+    """Other shapes of a sample than (image, target), as hand-written datasets return them."""
+
+    def __init__(self, *a, shape):
+        super().__init__(*a)
+        self.shape = shape
+
+    def __getitem__(self, i):
+        name, *labels = self.rows[i]
+        with Image.open(os.path.join(self.root, name)) as im:
+            x = self.transform(im.convert("RGB"))
+        y = int(labels[0])
+        return {"dict": lambda: {"image": x, "label": y, "path": name},
+                "triple": lambda: (x, torch.tensor(y), i),
+                "alone": lambda: x,
+                "nested": lambda: {"inputs": {"pixels": x, "meta": [name, i]}, "targets": [y, float(y) / 2]},
+                "moves": lambda: (x, y) if i else (y, x)}[self.shape]()
+
+
+def as_list(batch):
+    return batch
+
+
+@pytest.mark.parametrize("shape", ["dict", "triple", "alone", "nested"])
+def test_users_dataset_returning_another_shape_compiles_as_torch_batches_it(flat_folder, shape):
+    """A dict, a longer tuple, the image alone, nested containers: compiled, and batch by batch what torch's
+    DataLoader gives (default_collate's batch, a collate_fn's items, a shuffle), with the image's pixels."""
+    mine = Shaped(flat_folder / "images", flat_folder / "labels.txt", TF, shape=shape)
+    for kw in (dict(), dict(collate_fn=as_list), dict(shuffle=True)):
+        g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+        ours = DataLoader(mine, batch_size=4, device="cpu", generator=g(), **kw)
+        assert ours.backend == "dali", ours.reason
+        theirs = list(tud.DataLoader(mine, batch_size=4, generator=g(), **kw))
+        got = list(ours)
+        assert len(got) == len(theirs)
+        for a, b in zip(got, theirs):
+            pa, pb = torch.utils._pytree.tree_flatten(a), torch.utils._pytree.tree_flatten(b)
+            assert pa[1] == pb[1]  # the same containers, keys and lengths
+            for x, y in zip(pa[0], pb[0]):
+                assert type(x) is type(y)
+                if isinstance(y, torch.Tensor) and y.ndim >= 3:  # the images (decoders differ by rounding)
+                    assert abs_diff_stats(x, y)["mean"] < TOL["cpu"]
+                elif isinstance(y, torch.Tensor):
+                    assert torch.equal(x, y)
+                else:
+                    assert x == y
+    moves = Shaped(flat_folder / "images", flat_folder / "labels.txt", TF, shape="moves")
+    with pytest.warns(FallbackWarning, match="returns its image at another place for index 1"):
+        assert DataLoader(moves, batch_size=4, device="cpu").backend == "torchvision"
 
 
 class OpensInAnotherThreadToo(TutorialDataset):
@@ -383,7 +454,8 @@ def test_discovery_intercepts_only_its_own_thread_and_restores_pil(flat_folder):
     mine.sizes = []
     assert DataLoader(mine, batch_size=4, device="cpu").backend == "dali"
     assert Image.open is real_open
-    assert len(mine.sizes) == len(mine) and set(mine.sizes) == {Image.open(mine.other).size}
+    # (each index probed once, the first and last once more: discover._made_without_the_image)
+    assert len(mine.sizes) == len(mine) + 2 and set(mine.sizes) == {Image.open(mine.other).size}
 
 
 class WithoutConvert(TutorialDataset):

@@ -268,12 +268,38 @@ def resolve(dataset) -> FileSamples:
     if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise NotCompilable(f"{name} is an iterable dataset; only map-style datasets compile",
                             "to compile it, give the files and targets to gputransforms.datasets.ImageList")
-    paths, targets, chain, plan_input = discover.discover(dataset)
-    out = FileSamples(paths, targets, chain, None,
-                      f"found by running {name}.__getitem__ on a placeholder image for each of its "
-                      f"{len(paths)} indices (no file decoded; datasets/discover.py)")
+    paths, targets, chain, plan_input, place = discover.discover(dataset)
+    origin = (f"found by running {name}.__getitem__ on a placeholder image for each of its {len(paths)} indices "
+              "(no file decoded; datasets/discover.py)")
+    out = FileSamples(paths, targets, chain, None, origin) if place is None else \
+        ShapedSamples(paths, targets, chain, None, origin, place=place)
     out.plan_input = plan_input  # "image tensor": read with torchvision.io, the chain gets a uint8 (3, H, W) tensor
     return out
+
+
+@dataclasses.dataclass
+class ShapedSamples(FileSamples):
+    """A user's Dataset whose ``__getitem__`` returns its transformed image inside another shape: a dict
+    (``{"image": ..., "label": ..., "path": ...}``), a longer tuple (``(image, label, index)``), the image
+    alone. ``targets[i]`` is that output as the probe saw it, with 0 where the image goes (``place``)."""
+
+    place: tuple = ()
+
+    def select(self, indices) -> "ShapedSamples":
+        out = FileSamples.select(self, indices)
+        shaped = ShapedSamples(out.paths, out.targets, out.transform, out.target_transforms, out.origin,
+                               place=self.place)
+        shaped.plan_input = out.plan_input
+        return shaped
+
+    def batch(self, images, labels, dev, indices):
+        """default_collate's batch of the outputs: its batch of the rest (``labels``: the targets collated),
+        with the images' batch in the image's place."""
+        return discover.put(labels, self.place, batched(images))
+
+    def items(self, images, indices) -> list:
+        images = stages.as_made(images, stages.item_kind(self.transform, self.plan_input))
+        return [discover.put(self.target(i), self.place, img) for img, i in zip(images, indices)]
 
 
 def same_chain(a, b) -> bool:

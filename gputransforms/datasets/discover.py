@@ -308,10 +308,12 @@ def _is_torchvision_detection(ds) -> bool:
 
 
 def discover(ds):
-    """``(paths, targets, transform, plan_input)`` of a user's map-style dataset, one entry per index
+    """``(paths, targets, transform, plan_input, place)`` of a user's map-style dataset, one entry per index
     (``plan_input``: "image" where it opens its images with PIL, "image tensor" where it reads them with
     ``torchvision.io.read_image``, as PyTorch's data tutorial does); raises ``NotCompilable`` (from ``adapters``)
-    when ``__getitem__`` does not follow the pattern above."""
+    when ``__getitem__`` does not follow the pattern above. ``place``: None where each sample is ``(image,
+    target)`` (``targets[i]`` is the target); else the keys and indices of the image in what ``__getitem__``
+    returns (a dict, a longer tuple, the image alone), and ``targets[i]`` is that output with 0 in its place."""
 
     name = type(ds).__name__
     n = _length(ds, name)
@@ -326,7 +328,7 @@ def discover(ds):
         recorder = Recorder()
         setattr(probe, attr, recorder)
         getitem = type(ds).__getitem__
-        paths, targets, unconverted, unchanged, kinds = [], [], [], [], set()
+        paths, targets, unconverted, unchanged, kinds, places = [], [], [], [], set(), []
         with _intercept() as calls:
             for i in range(n):
                 del calls[:]
@@ -340,7 +342,12 @@ def discover(ds):
                             f"does something to the image before self.{attr}")
                     raise _Undiscoverable(f"{what} (on a placeholder, index {i}: {type(e).__name__}: {e})") from None
                 paths.append(_check(i, calls, recorder, out, attr))
-                targets.append(out[1])
+                at = place_of(out, recorder)
+                pair = type(out) in (tuple, list) and len(out) == 2 and at == PAIR
+                if places and (pair, at) != places[0]:
+                    raise _Undiscoverable(f"returns its image at another place for index {i} than for index 0")
+                places.append((pair, at))
+                targets.append(out[1] if pair else put(out, at, 0))
                 read = _local.tensors.get(recorder.seen[0].data_ptr()) \
                     if isinstance(recorder.seen[0], torch.Tensor) else None
                 kinds.add("image tensor" if read is not None else "image")
@@ -350,11 +357,33 @@ def discover(ds):
                     unconverted.append(paths[-1])
         if len(kinds) > 1:
             raise _Undiscoverable("opens some images with PIL and reads others with torchvision.io")
+        _made_without_the_image(probe, getitem, recorder, targets, places, attr)
         _opened_as_rgb(unconverted, attr)
         _read_as_rgb(unchanged)
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
-    return paths, targets, chain, kinds.pop() if kinds else "image"
+    shape = None if not places or places[0][0] else places[0][1]
+    return paths, targets, chain, kinds.pop() if kinds else "image", shape
+
+
+def _made_without_the_image(probe, getitem, recorder: "Recorder", targets: list, places: list, attr: str) -> None:
+    """What ``__getitem__`` returns beside the transformed image must not depend on the image (its size, its
+    pixels: ``img.size`` as a target): the first and last indices run again on an image of the file's own size
+    (black), and the rest must be what the placeholder gave."""
+    for i in sorted({0, len(targets) - 1}):
+        if i < 0:
+            continue
+        recorder.seen.clear()
+        with _intercept(sized=True):
+            try:
+                out = getitem(probe, i)
+            except Exception:  # noqa: BLE001 - it depends on the image's pixels
+                out = None
+        pair, at = places[i]
+        at_now = place_of(out, recorder) if out is not None else None
+        if at_now != at or not same(out[1] if pair else put(out, at, 0), targets[i]):
+            raise _Undiscoverable(f"makes part of what it returns beside self.{attr} from the image (index {i} "
+                                  "gives other values for an image of the file's own size, such as img.size)")
 
 
 def first_not_rgb(images) -> Optional[tuple]:
@@ -434,9 +463,61 @@ def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
         # and every 997th: a copy of 1 KiB costs half of a probe; size and mode on all)
         raise _Undiscoverable(f"changes the image between opening it and self.{attr} (a crop, a resize, a mode "
                               "other than RGB)")
-    if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder or out[1] is recorder:
-        raise _Undiscoverable("does not return (self.transform(image), target)".replace("transform", attr))
+    if place_of(out, recorder) is None:
+        raise _Undiscoverable("does not return self.transform(image) once, in a tuple, list or dict (or alone)"
+                              .replace("transform", attr))
+    if _holds_the_image(out, img):
+        raise _Undiscoverable(f"returns the image it opened beside self.{attr}'s output")
     return calls[0]
+
+
+def _holds_the_image(out, img) -> bool:
+    """Whether ``out`` holds, besides the transform's output, an image (a PIL image, or the tensor read)."""
+    if isinstance(out, Image.Image):
+        return True
+    if isinstance(out, torch.Tensor):
+        return isinstance(img, torch.Tensor) and out.untyped_storage().data_ptr() == img.untyped_storage().data_ptr()
+    if type(out) in (tuple, list):
+        return any(_holds_the_image(v, img) for v in out)
+    if type(out) is dict:
+        return any(_holds_the_image(v, img) for v in out.values())
+    return False
+
+
+#: a sample's output is (image, target): the common shape, whose targets are kept as they are
+PAIR = (0,)
+
+
+def place_of(out, marker) -> "Optional[tuple]":
+    """Where ``marker`` is in ``out`` (the keys and indices down tuples, lists and dicts), where it is there
+    exactly once and nothing else in ``out`` holds it; else None."""
+    found: list = []
+
+    def walk(x, at: tuple):
+        if x is marker:
+            found.append(at)
+        elif type(x) in (tuple, list):
+            for k, v in enumerate(x):
+                walk(v, at + (k,))
+        elif type(x) is dict:
+            for k, v in x.items():
+                walk(v, at + (k,))
+    walk(out, ())
+    return found[0] if len(found) == 1 else None
+
+
+def put(out, at: tuple, value):
+    """``out`` with ``value`` at ``at`` (copies along the way; the rest shared)."""
+    if not at:
+        return value
+    head, rest = at[0], at[1:]
+    if type(out) is dict:
+        new = dict(out)
+        new[head] = put(out[head], rest, value)
+        return new
+    items = list(out)
+    items[head] = put(out[head], rest, value)
+    return type(out)(items)
 
 
 class NotJoint(Exception):
