@@ -428,6 +428,15 @@ def test_users_dataset_returning_another_shape_compiles_as_torch_batches_it(flat
                     assert torch.equal(x, y)
                 else:
                     assert x == y
+    # a ConcatDataset of two such parts of one shape is one compiled dataset; parts of two shapes are not
+    concat = tud.ConcatDataset([tud.Subset(mine, [4, 1, 2]), mine])
+    ours, theirs = DataLoader(concat, batch_size=4, device="cpu"), list(tud.DataLoader(concat, batch_size=4))
+    assert ours.backend == "dali", ours.reason
+    for a, b in zip(ours, theirs):
+        assert torch.utils._pytree.tree_flatten(a)[1] == torch.utils._pytree.tree_flatten(b)[1]
+    other = TutorialDataset(flat_folder / "images", flat_folder / "labels.txt", TF)
+    with pytest.warns(FallbackWarning, match="ConcatDataset of datasets whose samples differ in shape"):
+        assert DataLoader(tud.ConcatDataset([mine, other]), batch_size=4, device="cpu").backend == "torchvision"
     moves = Shaped(flat_folder / "images", flat_folder / "labels.txt", TF, shape="moves")
     with pytest.warns(FallbackWarning, match="returns its image at another place for index 1"):
         assert DataLoader(moves, batch_size=4, device="cpu").backend == "torchvision"

@@ -1850,3 +1850,16 @@ def test_random_containers_inside_a_joint_chain_are_recorded(coco, device, first
         for a, b, ta, tb in zip(oi, ti, ot, tt):
             assert a.shape == b.shape and (a.cpu() - b).abs().mean() < (0.01 if device == "cpu" else 0.02)
             same_targets(ta, tb)
+
+
+def test_a_concat_of_detection_datasets_runs_on_torch_and_says_so(coco):
+    tf = v2.Compose([v2.ToImage(), v2.Resize((32, 32))])
+    ds = tud.ConcatDataset([wrapped(coco, tf), wrapped(coco, tf)])
+    kw = dict(batch_size=4, collate_fn=lambda b: tuple(zip(*b)))
+    with pytest.warns(FallbackWarning, match="ConcatDataset of detection or segmentation datasets"):
+        loader = DataLoader(ds, device="cpu", **kw)
+    assert loader.backend == "torchvision"
+    for (ia, ta), (ib, tb) in zip(loader, tud.DataLoader(ds, **kw)):
+        assert all(torch.equal(x, y) for x, y in zip(ia, ib))
+        for x, y in zip(ta, tb):
+            same_targets(x, y)

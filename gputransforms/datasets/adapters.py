@@ -206,10 +206,18 @@ def _subset(ds: tud.Subset) -> FileSamples:
 
 
 def _concat(ds: tud.ConcatDataset) -> FileSamples:
+    inner = [d.dataset if isinstance(d, tud.Subset) else d for d in ds.datasets]
+    if any(hasattr(d, "_dataset") and hasattr(d, "_wrapper") for d in inner):  # (torchvision's v2 wrappers)
+        raise NotCompilable("ConcatDataset of detection or segmentation datasets",
+                            "to compile them, give each dataset its own DataLoader")
     parts = [resolve(d) for d in ds.datasets]
     if not all(isinstance(p, FileSamples) for p in parts):
         raise NotCompilable("ConcatDataset of video or in-memory datasets",
                             "to compile them, give each dataset its own DataLoader")
+    kinds = {(type(p), getattr(p, "place", None), p.plan_input) for p in parts}
+    if len(kinds) > 1 or next(iter(kinds))[0] not in (FileSamples, ShapedSamples):
+        raise NotCompilable("ConcatDataset of datasets whose samples differ in shape or in how they are read "
+                            "(or Hugging Face tables)", "to compile them, give each dataset its own DataLoader")
     chain = parts[0].transform
     for k, p in enumerate(parts[1:], 1):
         if not same_chain(chain, p.transform):
@@ -217,9 +225,13 @@ def _concat(ds: tud.ConcatDataset) -> FileSamples:
                                 f"{_short(chain)}); one compiled graph serves one chain",
                                 "to compile it, give the parts the same Compose object")
     with_tt = any(p.target_transforms is not None for p in parts)
-    return FileSamples(
+    kind, place, plan_input = next(iter(kinds))
+    out = kind(
         [x for p in parts for x in p.paths], [x for p in parts for x in p.targets], chain,
-        [x for p in parts for x in (p.target_transforms or [None] * len(p))] if with_tt else None)
+        [x for p in parts for x in (p.target_transforms or [None] * len(p))] if with_tt else None,
+        **({"place": place} if kind is ShapedSamples else {}))
+    out.plan_input = plan_input
+    return out
 
 
 #: dataset class -> adapter; a subclass is served by its nearest listed base, unless it overrides
