@@ -283,6 +283,8 @@ def resolve(dataset) -> FileSamples:
     paths, targets, chain, plan_input, place = discover.discover(dataset)
     origin = (f"found by running {name}.__getitem__ on a placeholder image for each of its {len(paths)} indices "
               "(no file decoded; datasets/discover.py)")
+    if place is not None:  # (explain(): where the image is in each sample)
+        origin += f"; each sample as __getitem__ returns it, the image at {''.join(f'[{k!r}]' for k in place) or 'the top'}"
     out = FileSamples(paths, targets, chain, None, origin) if place is None else \
         ShapedSamples(paths, targets, chain, None, origin, place=place)
     out.plan_input = plan_input  # "image tensor": read with torchvision.io, the chain gets a uint8 (3, H, W) tensor
