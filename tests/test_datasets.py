@@ -398,7 +398,8 @@ class Shaped(TutorialDataset):
                 "triple": lambda: (x, torch.tensor(y), i),
                 "alone": lambda: x,
                 "nested": lambda: {"inputs": {"pixels": x, "meta": [name, i]}, "targets": [y, float(y) / 2]},
-                "moves": lambda: (x, y) if i else (y, x)}[self.shape]()
+                "moves": lambda: (x, y) if i else (y, x),
+                "pair": lambda: (x, {"label": y, "tags": [name]})}[self.shape]()
 
 
 def as_list(batch):
@@ -437,6 +438,24 @@ def test_users_dataset_returning_another_shape_compiles_as_torch_batches_it(flat
     other = TutorialDataset(flat_folder / "images", flat_folder / "labels.txt", TF)
     with pytest.warns(FallbackWarning, match="ConcatDataset of datasets whose samples differ in shape"):
         assert DataLoader(tud.ConcatDataset([mine, other]), batch_size=4, device="cpu").backend == "torchvision"
+    # a collate_fn that changes the samples it is given in place changes nothing for the next epoch
+    def marks(batch):
+        for sample in batch:
+            sample["inputs"]["meta"].append("seen")
+        return batch
+    nested = Shaped(flat_folder / "images", flat_folder / "labels.txt", TF, shape="nested")
+    loader = DataLoader(nested, batch_size=4, device="cpu", collate_fn=marks)
+    for _ in range(2):
+        assert all(len(s["inputs"]["meta"]) == 3 for b in loader for s in b)
+
+    def tags(batch):  # (the (image, target) shape: its targets' containers too)
+        for _, target in batch:
+            target["tags"].append("seen")
+        return batch
+    pair = DataLoader(Shaped(flat_folder / "images", flat_folder / "labels.txt", TF, shape="pair"), batch_size=4,
+                      device="cpu", collate_fn=tags)
+    for _ in range(2):
+        assert all(len(t["tags"]) == 2 for b in pair for _, t in b)
     moves = Shaped(flat_folder / "images", flat_folder / "labels.txt", TF, shape="moves")
     with pytest.warns(FallbackWarning, match="returns its image at another place for index 1"):
         assert DataLoader(moves, batch_size=4, device="cpu").backend == "torchvision"

@@ -92,7 +92,7 @@ class FileSamples:
         """What a user's collate_fn receives: dataset[i] for each index, images already transformed (and of
         torchvision's types: ``stages.as_made``)."""
         images = stages.as_made(images, stages.item_kind(self.transform, self.plan_input))
-        return list(zip(images, [self.target(i) for i in indices]))
+        return list(zip(images, [_fresh(self.target(i)) for i in indices]))  # (_fresh: see ShapedSamples.items)
 
     def per_sample_note(self) -> Optional[str]:
         """What of the dataset's own transform runs per sample after the graph (for the FallbackWarning),
@@ -313,7 +313,17 @@ class ShapedSamples(FileSamples):
 
     def items(self, images, indices) -> list:
         images = stages.as_made(images, stages.item_kind(self.transform, self.plan_input))
-        return [discover.put(self.target(i), self.place, img) for img, i in zip(images, indices)]
+        # (fresh containers for each item, as __getitem__ makes them: a collate_fn may change them in place)
+        return [discover.put(_fresh(self.target(i)), self.place, img) for img, i in zip(images, indices)]
+
+
+def _fresh(x):
+    """``x`` with new dicts, lists and tuples all the way down (the values in them shared)."""
+    if type(x) is dict:
+        return {k: _fresh(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_fresh(v) for v in x)
+    return x
 
 
 def same_chain(a, b) -> bool:
