@@ -271,3 +271,22 @@ def test_transform_bound_by_partial_or_default_compiles(table, fn):
     held = held or (fn.args[0] if isinstance(fn, functools.partial) and fn.args else None)
     held = held or (fn.__defaults__ or [None])[0] or (fn.__kwdefaults__ or {}).get("transform")
     assert held is EVAL
+
+
+def test_a_collate_fn_that_changes_a_list_cell_changes_nothing_for_the_next_epoch(table):
+    ds = table.add_column("tags", [["a"] for _ in range(len(table))])
+
+    def preprocess(batch):
+        batch["pixel_values"] = [EVAL(image.convert("RGB")) for image in batch["image"]]
+        del batch["image"]
+        return batch
+
+    def tag(examples):
+        for e in examples:
+            e["tags"].append("seen")
+        return examples
+
+    loader = DataLoader(ds.with_transform(preprocess), batch_size=8, collate_fn=tag, device="cpu")
+    assert loader.backend == "dali", loader.reason
+    for _ in range(2):
+        assert all(e["tags"] == ["a", "seen"] for b in loader for e in b)

@@ -32,7 +32,7 @@ from .. import files
 from ..compiler import stages
 from ..device import batched, to_device
 from ..errors import NotCompilable
-from .adapters import FileSamples
+from .adapters import FileSamples, _fresh
 from .discover import Recorder, as_opened, first_not_rgb, is_placeholder, is_transform, opened_placeholder, \
     watching
 
@@ -248,7 +248,7 @@ class HFSamples(FileSamples):
                 columns.append([LazyImage(self.decoded, i) for i in indices])
             else:
                 values = self.rows[source]
-                columns.append([values[i] for i in indices])
+                columns.append([_fresh(values[i]) for i in indices])  # (a list cell changed in place stays so)
         order = self.order
         return [dict(zip(order, row)) for row in zip(*columns)]
 
