@@ -359,9 +359,9 @@ class TwoViews(TutorialDataset):
                                       (FromBytes, "opens an image from a BytesIO, not from a file"),
                                       (NoTransformAttr, "has no `transform` attribute"),
                                       (AsDictWithTheOpenedImage, "makes part of what it returns beside "
-                                                                 "self.transform from the image"),
+                                                                 "self.transform from the image or at random"),
                                       (WithTheImagesSize, "makes part of what it returns beside self.transform "
-                                                          "from the image (index 0"),
+                                                          "from the image or at random (index 0"),
                                       (TwoViews, "calls self.transform 2 times for index 0")])
 def test_users_dataset_that_cannot_be_read_without_decoding_runs_on_torch_and_says_why(flat_folder, cls, why):
     import re
@@ -572,3 +572,16 @@ def test_every_dataset_fallback_reason_gives_advice_that_fits(flat_folder, index
     monkeypatch.setattr(B, "dali_available", lambda: False)
     with pytest.warns(FallbackWarning, match=r"gputransforms\[cu13\]"):
         DataLoader(datasets.ImageFolder(str(indexed_folder), transform=TF), batch_size=4, device="cpu")
+
+
+class RandomLabel(TutorialDataset):
+    def __getitem__(self, i):
+        img = Image.open(os.path.join(self.root, self.rows[i][0])).convert("RGB")
+        return self.transform(img), float(torch.rand(()))
+
+
+def test_a_random_value_outside_the_transform_runs_on_torch(flat_folder):
+    """torch's DataLoader draws it anew for each sample and epoch; a record of one draw would not."""
+    mine = RandomLabel(flat_folder / "images", flat_folder / "labels.txt", TF)
+    with pytest.warns(FallbackWarning, match="from the image or at random"):
+        assert DataLoader(mine, batch_size=4, device="cpu").backend == "torchvision"

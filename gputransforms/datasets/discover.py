@@ -16,8 +16,9 @@ called through the module (PyTorch's data tutorial's ``CustomImageDataset``, tor
 ``PennFudanDataset``): ``torchvision.io``'s ``read_file`` and ``decode_image``, which ``read_image`` looks up when
 called, are intercepted as ``PIL.Image.open`` is, and the image is answered as a tensor.
 
-What this cannot see: randomness or state inside ``__getitem__`` outside the transform (a random
-target is drawn once, here), and opens through functions bound before import (``from PIL.Image
+What this cannot see: randomness or state inside ``__getitem__`` outside the transform where the first and
+last indices, run again (``_made_without_the_image``), do not show it (a random target is then drawn once,
+here), and opens through functions bound before import (``from PIL.Image
 import open``, ``from torchvision.io import decode_image``) or other decoders (``cv2``): those datasets are
 reported as not opening a file, or as decoding where the probe cannot answer.
 """
@@ -382,8 +383,9 @@ def _made_without_the_image(probe, getitem, recorder: "Recorder", targets: list,
         pair, at = places[i]
         at_now = place_of(out, recorder) if out is not None else None
         if at_now != at or not same(out[1] if pair else put(out, at, 0), targets[i]):
-            raise _Undiscoverable(f"makes part of what it returns beside self.{attr} from the image (index {i} "
-                                  "gives other values for an image of the file's own size, such as img.size)")
+            raise _Undiscoverable(f"makes part of what it returns beside self.{attr} from the image or at random "
+                                  f"(index {i} gave other values when run again on an image of the file's own "
+                                  "size: img.size as a target, or a random draw)")
 
 
 def first_not_rgb(images) -> Optional[tuple]:
