@@ -183,3 +183,31 @@ def test_string_targets_batch_as_default_collate_makes_them(photo_folder, kind):
     ours = list(DataLoader(make(), batch_size=4, device="cpu"))
     assert [type(b[1]) for b in ours] == [type(b[1]) for b in theirs] == [tuple] * len(theirs)
     assert [b[1] for b in ours] == [b[1] for b in theirs]
+
+
+def _types_seen(loader_of, tf, photo_folder) -> set:
+    seen = []
+
+    def spy(x):
+        seen.append(type(x))
+        return x
+    chain = T2.Compose([t if t != "spy" else T2.Lambda(spy) for t in tf])
+    list(loader_of(torchvision.datasets.ImageFolder(str(photo_folder), transform=chain)))
+    return set(seen)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_steps_after_the_graph_are_handed_torchvisions_types(photo_folder, device):
+    """A function of the user's run after the graph gets a tv_tensors.Image where torchvision's chain hands it
+    one (after v2's ToImage), a plain tensor after ToPureTensor or PILToTensor; v2's UniformTemporalSubsample
+    passes an image through, as torchvision's does."""
+    ours = lambda ds: DataLoader(ds, batch_size=4, device=device)  # noqa: E731
+    theirs = lambda ds: tud.DataLoader(ds, batch_size=4)  # noqa: E731
+    for tf in ([T2.ToImage(), T2.Resize((32, 32)), "spy", T2.ToDtype(torch.float32, scale=True)],
+               [T2.ToImage(), T2.Resize((32, 32)), T2.ToPureTensor(), "spy"],
+               [T2.PILToTensor(), T2.Resize((32, 32)), "spy"]):
+        assert _types_seen(ours, tf, photo_folder) == _types_seen(theirs, tf, photo_folder)
+    tf = T2.Compose([T2.ToImage(), T2.Resize((32, 32)), T2.UniformTemporalSubsample(2)])
+    a = torch.cat([x for x, _ in ours(torchvision.datasets.ImageFolder(str(photo_folder), transform=tf))])
+    b = torch.cat([x for x, _ in theirs(torchvision.datasets.ImageFolder(str(photo_folder), transform=tf))])
+    assert a.shape == b.shape and (a.cpu().double() - b.double()).abs().mean() < (1.5 if device == "cpu" else 3.0)

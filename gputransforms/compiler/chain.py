@@ -261,3 +261,29 @@ def output_kind(transform, start: str = "pil") -> Optional[str]:
     if type(transform).__module__.startswith("torchvision.transforms."):
         return start if start != "tv_image" else None  # v1 on a tv_tensor: plain tensors, or the input as it is
     return None
+
+
+def kinds_before(transform, start: str = "pil") -> dict:
+    """``id`` of each step ``flatten(transform)`` gives -> what torchvision's chain hands that step ("pil",
+    "tensor", "tv_image", or None where it is not known: ``output_kind``). A step met twice with different
+    inputs is None. Steps that ``flatten`` makes anew (model preprocessing) are not in it."""
+    out: dict = {}
+
+    def walk(t, kind):
+        if t is None:
+            return kind
+        if _stock_compose(t):
+            for c in t.transforms:
+                kind = walk(c, kind)
+            return kind
+        if isinstance(t, (tv2.Identity, tv2.ToPureTensor)) and user_override(t) is None:
+            return output_kind(t, kind)  # (flatten drops them; ToPureTensor still unwraps a tv_tensor)
+        if type(t) in model_presets():
+            return "tensor"
+        if type(t).__name__ in PRESET_WRAPPERS and isinstance(getattr(t, "transforms", None), (tv1.Compose, tv2.Compose)):
+            return walk(t.transforms, kind)
+        out[id(t)] = kind if out.get(id(t), kind) == kind else None
+        return output_kind(t, kind)
+
+    walk(transform, start)
+    return out

@@ -21,7 +21,7 @@ import torch
 from ..device import default_device
 from . import joint_kernels
 from . import stages as stage_lists
-from .chain import TO_TENSOR, NotLowerable, Op, flatten, flatten_clips, tensor_capable
+from .chain import TO_TENSOR, NotLowerable, Op, flatten, flatten_clips, kinds_before, tensor_capable
 from .registry import dali_op
 
 @dataclasses.dataclass
@@ -49,6 +49,8 @@ class Plan:
     # ((scale), (shift)) per channel when the graph's float32 output is raw uint8 pixels * scale +
     # shift: on the GPU the graph then hands over the raw pixels and ``compiler.handoff`` maps them
     affine: Optional[tuple] = None
+    # id of a tail transform -> what torchvision hands it ("tv_image": a tv_tensors.Image; chain.kinds_before)
+    tail_kinds: dict = dataclasses.field(default_factory=dict)
 
     def hands_over_raw(self, device: str) -> bool:
         """On the GPU a float32 output that is an affine map of raw pixels leaves the graph as those
@@ -404,7 +406,8 @@ def plan(transform: Callable, input: str = "image", *, device: str = "cpu", vide
                     compiled=False)
     last = steps[-1].args
     return Plan(steps=steps, tail=tail, tail_reason=reason, output="tensor" if last["layout"] == "CHW" else "image",
-                out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine)
+                out_dtype=last["dtype"], compiled=True, tail_mode=tail_mode, affine=planner.affine,
+                tail_kinds=kinds_before(transform, "tensor" if input == "image tensor" else "pil") if tail else {})
 
 
 def _leaves_a_tensor(t) -> bool:

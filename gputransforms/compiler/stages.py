@@ -65,8 +65,20 @@ def after_graph(plan) -> list:
             out.append((t, fn, "conversion"))
             continue
         b = registry.batched_of(fn)
+        if b is None and plan.tail_kinds.get(id(t)) == "tv_image":
+            fn = _given_a_tv_image(t)  # (what torchvision hands it after ToImage)
         out.append((t, b, "batched") if b is not None else (t, fn, "per sample"))
     return out
+
+
+def _given_a_tv_image(t) -> Callable:
+    """``t`` run on a sample as a ``tv_tensors.Image``, as torchvision's chain hands it after v2's ``ToImage`` (a
+    function of the user's sees the type it was written for; v2 transforms that pass images through, such as
+    ``UniformTemporalSubsample``, do so); a tensor it returns goes on as a plain one, as the stages run on them."""
+    def run(x):
+        out = t(x.as_subclass(tv_tensors.Image) if type(x) is torch.Tensor else x)
+        return out.as_subclass(torch.Tensor) if isinstance(out, torch.Tensor) else out
+    return run
 
 
 def _grey_of_pil(t) -> Callable:
