@@ -91,8 +91,15 @@ class FileSamples:
     def items(self, images, indices) -> list:
         """What a user's collate_fn receives: dataset[i] for each index, images already transformed (and of
         torchvision's types: ``stages.as_made``)."""
-        images = stages.as_made(images, stages.item_kind(self.transform, self.plan_input))
+        images = stages.as_made(images, self.item_kind())
         return list(zip(images, [_fresh(self.target(i)) for i in indices]))  # (_fresh: see ShapedSamples.items)
+
+    def item_kind(self):
+        """``stages.item_kind`` of this chain, worked out once per chain and input (not per batch)."""
+        kept = getattr(self, "_item_kind", None)
+        if kept is None or kept[0] is not self.transform or kept[1] != self.plan_input:
+            kept = self._item_kind = (self.transform, self.plan_input, stages.item_kind(self.transform, self.plan_input))
+        return kept[2]
 
     def per_sample_note(self) -> Optional[str]:
         """What of the dataset's own transform runs per sample after the graph (for the FallbackWarning),
@@ -312,7 +319,7 @@ class ShapedSamples(FileSamples):
         return discover.put(labels, self.place, batched(images))
 
     def items(self, images, indices) -> list:
-        images = stages.as_made(images, stages.item_kind(self.transform, self.plan_input))
+        images = stages.as_made(images, self.item_kind())
         # (fresh containers for each item, as __getitem__ makes them: a collate_fn may change them in place)
         return [discover.put(_fresh(self.target(i)), self.place, img) for img, i in zip(images, indices)]
 

@@ -243,7 +243,7 @@ class HFSamples(FileSamples):
         for k in self.order:
             source = self.mapping.get(k)
             if k == self.key:
-                columns.append(stages.as_made(images, stages.item_kind(self.transform, self.plan_input)))
+                columns.append(stages.as_made(images, self.item_kind()))
             elif source == self.column:
                 columns.append([LazyImage(self.decoded, i) for i in indices])
             else:
