@@ -585,3 +585,13 @@ def test_a_random_value_outside_the_transform_runs_on_torch(flat_folder):
     mine = RandomLabel(flat_folder / "images", flat_folder / "labels.txt", TF)
     with pytest.warns(FallbackWarning, match="from the image or at random"):
         assert DataLoader(mine, batch_size=4, device="cpu").backend == "torchvision"
+
+
+class Empty(TutorialDataset):
+    def __len__(self):
+        return 0
+
+
+def test_an_empty_users_dataset_gives_no_batch_as_torch(flat_folder):
+    mine = Empty(flat_folder / "images", flat_folder / "labels.txt", TF)
+    assert list(DataLoader(mine, batch_size=4, device="cpu")) == list(tud.DataLoader(mine, batch_size=4)) == []

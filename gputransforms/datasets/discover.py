@@ -342,8 +342,8 @@ def discover(ds):
                     what = (f"does something to what self.{attr} returns" if recorder.seen else
                             f"does something to the image before self.{attr}")
                     raise _Undiscoverable(f"{what} (on a placeholder, index {i}: {type(e).__name__}: {e})") from None
-                paths.append(_check(i, calls, recorder, out, attr))
-                at = place_of(out, recorder)
+                path, at = _check(i, calls, recorder, out, attr)
+                paths.append(path)
                 pair = type(out) in (tuple, list) and len(out) == 2 and at == PAIR
                 if places and (pair, at) != places[0]:
                     raise _Undiscoverable(f"returns its image at another place for index {i} than for index 0")
@@ -371,9 +371,7 @@ def _made_without_the_image(probe, getitem, recorder: "Recorder", targets: list,
     """What ``__getitem__`` returns beside the transformed image must not depend on the image (its size, its
     pixels: ``img.size`` as a target): the first and last indices run again on an image of the file's own size
     (black), and the rest must be what the placeholder gave."""
-    for i in sorted({0, len(targets) - 1}):
-        if i < 0:
-            continue
+    for i in sorted({0, len(targets) - 1} if targets else ()):
         recorder.seen.clear()
         with _intercept(sized=True):
             try:
@@ -442,7 +440,7 @@ def _opens_a_file(ds):
             raise _Undiscoverable("opens no image with PIL.Image.open (its samples are not image files)", _NOT_FILES)
 
 
-def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
+def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> tuple:
     if len(calls) != 1:
         raise _Undiscoverable("opens no image with PIL.Image.open" if not calls else
                               f"opens {len(calls)} files for index {i}")
@@ -465,12 +463,13 @@ def _check(i: int, calls: list, recorder: Recorder, out, attr: str) -> str:
         # and every 997th: a copy of 1 KiB costs half of a probe; size and mode on all)
         raise _Undiscoverable(f"changes the image between opening it and self.{attr} (a crop, a resize, a mode "
                               "other than RGB)")
-    if place_of(out, recorder) is None:
+    at = place_of(out, recorder)
+    if at is None:
         raise _Undiscoverable("does not return self.transform(image) once, in a tuple, list or dict (or alone)"
                               .replace("transform", attr))
     if _holds_the_image(out, img):
         raise _Undiscoverable(f"returns the image it opened beside self.{attr}'s output")
-    return calls[0]
+    return calls[0], at
 
 
 def _holds_the_image(out, img) -> bool:
