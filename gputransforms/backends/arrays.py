@@ -188,5 +188,6 @@ class ArrayIterator(EpochIterator):
             labels = targets.index_select(0, rows_dev)
         else:
             # (nested targets too: where the images are, as the file-backed path hands them over)
-            labels = to_device(tud.default_collate(tuple(s.target(int(i)) for i in indices)), a.dev)  # (torch's transposed)
+            # (a tuple, as torch's transposed batch: a batch of strings stays one)
+            labels = to_device(tud.default_collate(tuple(s.target(int(i)) for i in indices)), a.dev)
         return [x, labels]  # (a list, as default_collate makes of (image, target) tuples)

@@ -280,7 +280,8 @@ def kinds_before(transform, start: str = "pil") -> dict:
             return output_kind(t, kind)  # (flatten drops them; ToPureTensor still unwraps a tv_tensor)
         if type(t) in model_presets():
             return "tensor"
-        if type(t).__name__ in PRESET_WRAPPERS and isinstance(getattr(t, "transforms", None), (tv1.Compose, tv2.Compose)):
+        if type(t).__name__ in PRESET_WRAPPERS and isinstance(getattr(t, "transforms", None),
+                                                           (tv1.Compose, tv2.Compose)):
             return walk(t.transforms, kind)
         out[id(t)] = kind if out.get(id(t), kind) == kind else None
         return output_kind(t, kind)

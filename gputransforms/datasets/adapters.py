@@ -98,7 +98,8 @@ class FileSamples:
         """``stages.item_kind`` of this chain, worked out once per chain and input (not per batch)."""
         kept = getattr(self, "_item_kind", None)
         if kept is None or kept[0] is not self.transform or kept[1] != self.plan_input:
-            kept = self._item_kind = (self.transform, self.plan_input, stages.item_kind(self.transform, self.plan_input))
+            kind = stages.item_kind(self.transform, self.plan_input)
+            kept = self._item_kind = (self.transform, self.plan_input, kind)
         return kept[2]
 
     def per_sample_note(self) -> Optional[str]:
@@ -291,7 +292,8 @@ def resolve(dataset) -> FileSamples:
     origin = (f"found by running {name}.__getitem__ on a placeholder image for each of its {len(paths)} indices "
               "(no file decoded; datasets/discover.py)")
     if place is not None:  # (explain(): where the image is in each sample)
-        origin += f"; each sample as __getitem__ returns it, the image at {''.join(f'[{k!r}]' for k in place) or 'the top'}"
+        where = "".join(f"[{k!r}]" for k in place) or "the top"
+        origin += f"; each sample as __getitem__ returns it, the image at {where}"
     out = FileSamples(paths, targets, chain, None, origin) if place is None else \
         ShapedSamples(paths, targets, chain, None, origin, place=place)
     out.plan_input = plan_input  # "image tensor": read with torchvision.io, the chain gets a uint8 (3, H, W) tensor
