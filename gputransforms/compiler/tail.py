@@ -21,6 +21,11 @@ from torch.utils.data import default_collate
 from ..device import to_device
 
 
+def _one_batch(samples: list) -> bool:
+    """Whether per-sample outputs stack into one batch: all tensors of one shape and dtype."""
+    return all(isinstance(s, torch.Tensor) for s in samples) and len({(s.shape, s.dtype) for s in samples}) == 1
+
+
 def run_stages(batch, compiled: list):
     """(transform, function, stage) triples on a batch, in order: whole-batch functions on the batch,
     consecutive "per sample" ones in one pass over its samples. ``batch`` is the stage's to overwrite
@@ -35,8 +40,7 @@ def run_stages(batch, compiled: list):
     pending: list = []
 
     def settled(samples: list):
-        one = all(isinstance(s, torch.Tensor) for s in samples) and len({(s.shape, s.dtype) for s in samples}) == 1
-        return torch.stack(samples) if one else samples
+        return torch.stack(samples) if _one_batch(samples) else samples
 
     def flush(batch):
         if pending:
@@ -81,7 +85,7 @@ def run_tail(images, plan, device: torch.device, compiled: list) -> torch.Tensor
         for t in plan.tail:
             img = t(img)
         samples.append(img)
-    if all(isinstance(s, torch.Tensor) for s in samples) and len({(s.shape, s.dtype) for s in samples}) == 1:
+    if _one_batch(samples):
         return default_collate(samples).to(device)  # (one copy)
     # tuples (FiveCrop's), PIL images, samples of their own sizes: each as the chain made it, for the collate_fn
     # (or default_collate, which stacks or raises as it does in torch's loader)

@@ -213,9 +213,16 @@ def _subset(ds: tud.Subset) -> FileSamples:
     return resolve(ds.dataset).select(ds.indices)
 
 
+def wrapper_class() -> type:
+    """torchvision's ``wrap_dataset_for_transforms_v2`` wrapper (detection and segmentation datasets)."""
+    from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
+
+    return VisionDatasetTVTensorWrapper
+
+
 def _concat(ds: tud.ConcatDataset) -> FileSamples:
     inner = [d.dataset if isinstance(d, tud.Subset) else d for d in ds.datasets]
-    if any(hasattr(d, "_dataset") and hasattr(d, "_wrapper") for d in inner):  # (torchvision's v2 wrappers)
+    if any(isinstance(d, wrapper_class()) for d in inner):
         raise NotCompilable("ConcatDataset of detection or segmentation datasets",
                             "to compile them, give each dataset its own DataLoader")
     parts = [resolve(d) for d in ds.datasets]

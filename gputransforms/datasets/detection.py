@@ -51,12 +51,6 @@ _ADVICE = ("to compile it, leave out what reads the PIL image's pixels, or start
            "then run per sample after the graph's decode")
 
 
-def _wrapper_class():
-    from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
-
-    return VisionDatasetTVTensorWrapper
-
-
 def _coco(inner) -> tuple:
     paths = [os.path.join(inner.root, inner.coco.loadImgs(i)[0]["file_name"]) for i in inner.ids]
     return paths, lambda k: inner._load_target(inner.ids[k])
@@ -197,7 +191,7 @@ def _effects(name: str, types: list) -> str:
 
 def is_detection(dataset) -> bool:
     """A torchvision v2 wrapper around one of ``KINDS`` (its class exactly: a subclass may read otherwise)."""
-    return isinstance(dataset, _wrapper_class()) and type(dataset._dataset) in KINDS
+    return isinstance(dataset, adapters.wrapper_class()) and type(dataset._dataset) in KINDS
 
 
 def _steps(joint) -> list:
