@@ -4,6 +4,7 @@ unchanged, each on the on-disk layout its class expects, written here with real 
 torchvision's own test suite fakes them; md5 checks of the fakes are patched to existence)."""
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -595,3 +596,50 @@ class Empty(TutorialDataset):
 def test_an_empty_users_dataset_gives_no_batch_as_torch(flat_folder):
     mine = Empty(flat_folder / "images", flat_folder / "labels.txt", TF)
     assert list(DataLoader(mine, batch_size=4, device="cpu")) == list(tud.DataLoader(mine, batch_size=4)) == []
+
+
+class _Meta:
+    """A target object made anew per call, without ``==`` of its own (equal only to itself)."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+class TargetsMadeAnew(TutorialDataset):
+    def __getitem__(self, i):
+        img = Image.open(os.path.join(self.root, self.rows[i][0])).convert("RGB")
+        return self.transform(img), {"score": float("nan") if i % 2 else 1.0,
+                                     "v": torch.tensor([float("nan"), float(i)]),
+                                     "big": np.arange(3000) * (i + 1), "meta": _Meta(self.rows[i][0])}
+
+
+def test_targets_made_anew_alike_are_not_taken_for_targets_made_from_the_image(flat_folder):
+    """A NaN (not equal to itself), a tensor holding one, a long array (its repr elides the middle) and an object
+    with no ``==`` of its own, made anew on each call: the re-run on a black image gives the same target, so
+    the dataset compiles (it used to fall back as made from the image); the targets are the dataset's."""
+    mine = TargetsMadeAnew(flat_folder / "images", flat_folder / "labels.txt", TF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        loader = DataLoader(mine, batch_size=4, device="cpu", collate_fn=lambda b: b)
+    assert loader.backend == "dali", loader.reason
+    for ours, theirs in zip(loader, tud.DataLoader(mine, batch_size=4, collate_fn=lambda b: b)):
+        for (x, t), (xt, tt) in zip(ours, theirs):
+            assert abs_diff_stats(x, xt)["mean"] < TOL["cpu"]
+            assert (t["score"] == tt["score"]) or (t["score"] != t["score"] and tt["score"] != tt["score"])
+            assert torch.equal(t["v"].nan_to_num(-1), tt["v"].nan_to_num(-1))
+            assert np.array_equal(t["big"], tt["big"]) and t["meta"].name == tt["meta"].name
+
+
+def test_same_tells_values_apart_where_reprs_agree():
+    """The comparison behind the re-run: a long array that differs in its middle is not the same (its repr
+    elides it), nor objects whose attributes differ; NaN is NaN."""
+    from gputransforms.compiler.joint import same
+
+    a = np.arange(3000)
+    b = a.copy()
+    b[1500] = -1
+    assert repr(a) == repr(b) and not same(a, b) and same(a, a.copy())
+    assert not same(_Meta("x"), _Meta("y")) and same(_Meta("x"), _Meta("x"))
+    assert same(float("nan"), float("nan")) and not same(float("nan"), 1.0)
+    assert same(torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]))
+    assert not same(torch.tensor([float("nan"), 1.0]), torch.tensor([1.0, float("nan")]))

@@ -307,17 +307,32 @@ def masks_blind(joint, size: tuple, make_target, kind: str) -> bool:
 
 
 def same(a, b) -> bool:
-    """Equal records or targets: the same types, tensors by value with their tv_tensor attributes, mappings
-    with the same keys in the same order."""
+    """Equal records or targets: the same types, tensors and NumPy arrays by value (NaN equal to NaN: a missing
+    value made twice is the same) with their tv_tensor attributes, mappings with the same keys in the same
+    order, objects of a class without its own ``==`` by their attributes."""
     if type(a) is not type(b):
         return False
     if isinstance(a, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)) and \
-            same(getattr(a, "__dict__", {}), getattr(b, "__dict__", {}))
+        if a.shape != b.shape or a.dtype != b.dtype or \
+                not same(getattr(a, "__dict__", {}), getattr(b, "__dict__", {})):
+            return False
+        return bool(torch.equal(a, b)) or ((a.is_floating_point() or a.is_complex()) and
+                                           bool(torch.equal(a.isnan(), b.isnan())) and
+                                           bool(torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))))
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and \
+            bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
     if isinstance(a, dict):
         return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and a != a:
+        return b != b
+    if type(a).__eq__ is object.__eq__ and hasattr(a, "__dict__"):  # identity is its ==: made anew, equal if alike
+        try:
+            return same(vars(a), vars(b))
+        except RecursionError:  # (an object that holds itself)
+            return False
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - values without a truth value for ==
