@@ -1440,13 +1440,13 @@ def test_a_users_dataset_whose_files_changed_since_the_loader_was_made_says_whic
     from gputransforms.datasets import discover
 
     ds = UserSegmentation(voc, SegmentationPresetTrain(base_size=160, crop_size=144))
-    paths, targets, _ = discover.discover_joint(ds)
+    paths, targets, _, shape = discover.discover_joint(ds)
     assert targets is None and paths[:2] == [str(ds.images[0]), str(ds.images[1])]
-    mask = discover.joint_target(ds, 1, paths[1])
+    mask = discover.joint_target(ds, 1, paths[1], shape)
     assert isinstance(mask, tv_tensors.Mask) and torch.equal(mask, torch.from_numpy(np.array(Image.open(ds.masks[1]))))
     ds.images[1] = ds.images[2]
     with pytest.raises(RuntimeError, match=f"sample 1 of UserSegmentation opened {ds.images[2]} now, {paths[1]}"):
-        discover.joint_target(ds, 1, paths[1])
+        discover.joint_target(ds, 1, paths[1], shape)
 
 
 def test_a_classification_dataset_whose_transform_is_named_transforms_still_compiles(photo_folder):

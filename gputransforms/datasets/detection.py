@@ -224,6 +224,8 @@ def _expanded(t) -> Optional[list]:
 
     if isinstance(t, (list, tuple)):
         return list(t)
+    if type(t) is CalledWithOne:
+        return [t.joint]
     if type(t) in (v2.Compose, v1.Compose, v2.RandomApply, v1.RandomApply, v2.RandomChoice, v1.RandomChoice,
                    v2.RandomOrder, v1.RandomOrder):
         return list(t.transforms)
@@ -269,6 +271,9 @@ class DetectionSamples(FileSamples):
         FileSamples.__init__(self, paths, targets, v2.PILToTensor(), None, origin)
         self.ds, self.joint, self.kind = ds, joint, kind
         self.program: Optional[recorded.JointProgram] = None
+        #: how a user's __getitem__ calls its joint transform and returns around it, where it is not
+        #: ``return self.transforms(image, target)`` (``discover.JointShape``); None for that
+        self.shape: Optional[discover.JointShape] = None
         self.user_steps: list = []  # the joint transform's own classes of the user's, recorded after a probe
         self.lazy_masks = False  # masks recorded and made in one gather (compiler.joint_masks), after a probe
 
@@ -285,6 +290,7 @@ class DetectionSamples(FileSamples):
         paths, program, joint, kind, target_of, targets = (self.paths, self.program, self.joint, self.kind,
                                                            self.target_of, self.targets)
         user = bool(self.user_steps)
+        shape = self.shape
 
         lazy = [self.lazy_masks]  # cleared in this process the first time a sample's masks cannot be
 
@@ -325,6 +331,8 @@ class DetectionSamples(FileSamples):
                     out = joint(tv_tensors.Image(image) if kind == "image" else image, target_of(k, img))
                 except Exception as err:  # noqa: BLE001 - torchvision's (or the user's) error, the file named
                     _raise_named(err, i, path)
+                if shape is not None:
+                    out = around(shape, k, *out)
                 return (_placeholder(), program.identity((1, 1))), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
@@ -332,6 +340,8 @@ class DetectionSamples(FileSamples):
                     np.asarray(files.pil_rgb(i, path, data))).permute(2, 0, 1), ops)
                 encoded = files.bmp_of(image.permute(1, 2, 0).contiguous().numpy())
                 row = program.identity(tuple(image.shape[-2:]))
+            if shape is not None:  # the sample as __getitem__ returns it, its image left out
+                target = around(shape, k, None, target)
             return (encoded, row), (out_kind, _pickled(target))
 
         return read
@@ -356,7 +366,10 @@ class DetectionSamples(FileSamples):
         """``dataset[i]`` from the decoded image: the joint transform run as written."""
         if self.kind == "image":
             image = tv_tensors.Image(image)
-        return self.joint(image, self.target(i)) if self.joint is not None else (image, self.target(i))
+        if self.joint is None:
+            return image, self.target(i)
+        out = self.joint(image, self.target(i))
+        return out if self.shape is None else around(self.shape, self.targets[i], *out)
 
     def items(self, images, indices, extras=None) -> list:
         if extras is not None:  # recorded: the targets came from the workers, the images from the graph
@@ -374,6 +387,11 @@ class DetectionSamples(FileSamples):
             else:
                 unpacked = joint_masks.widened([pickled.load(target) if isinstance(target, bytes) else target
                                                 for _, target in extras])
+            if self.shape is not None:  # the image put where __getitem__ returns it
+                place = self.shape.place
+                return [sample if kind == "ready" else
+                        discover.put(sample, place, tv_tensors.Image(img) if kind == "image" else img)
+                        for img, (kind, _), sample in zip(images, extras, unpacked)]
             return [sample if kind == "ready" else (tv_tensors.Image(img) if kind == "image" else img, sample)
                     for img, (kind, _), sample in zip(images, extras, unpacked)]
         return [self.sample(img, i) for img, i in zip(images, indices)]
@@ -400,9 +418,7 @@ class DetectionSamples(FileSamples):
         """What happens to each tv_tensor type at each step of the joint transform (explain())."""
         if self.joint is None or not len(self.paths):
             return []
-        target = self.target(0)
-        values = target.values() if isinstance(target, dict) else [target]
-        types = ["Image"] + sorted({type(v).__name__ for v in values
+        types = ["Image"] + sorted({type(v).__name__ for v in _leaves(self.target(0))
                                     if isinstance(v, tv_tensors.TVTensor) and not isinstance(v, tv_tensors.Image)})
         if self.program is not None:
             lines = [f"  joint transform, recorded per sample in torch's worker processes (torchvision draws the "
@@ -485,16 +501,72 @@ class UserDetectionSamples(DetectionSamples):
     it makes, found once; the joint transform is the dataset's ``transforms``, recorded or run as for the
     wrapped datasets."""
 
-    def __init__(self, ds, paths: list, made: Optional[list], joint, kind: str, origin: str):
-        self._start(ds, list(paths), list(range(len(paths))), joint, kind, origin)
+    def __init__(self, ds, paths: list, made: Optional[list], joint, kind: str, origin: str,
+                 shape: discover.JointShape):
+        self._start(ds, list(paths), list(range(len(paths))), CalledWithOne(joint, shape.image_at) if shape.one
+                    else joint, kind, origin)
         self.made = made  # None: it opens more files than the image (a mask), read when the sample is
+        self.joint_shape = shape  # (as found: the targets made again are split by it)
+        self.shape = shape if shape.one or shape.templates is not None else None
 
     def target_of(self, k, img: Image.Image):
         """Sample ``k``'s target as its ``__getitem__`` made it (a copy: a transform may change it in place),
         or makes it again (its image black, its other files read: ``discover.joint_target``)."""
         if self.made is None:
-            return discover.joint_target(self.ds, k, self.paths[k])
+            return discover.joint_target(self.ds, k, self.paths[k], self.joint_shape)
         return copy.deepcopy(self.made[k])
+
+    def explain_lines(self) -> list:
+        lines = DetectionSamples.explain_lines(self)
+        shape = self.shape
+        if shape is not None and lines:
+            called = (f"on one {type(self.target(0)).__name__} holding the image at {_keys(shape.image_at)}"
+                      if shape.one else "as (image, target)")
+            lines.insert(1, f"  (__getitem__ calls the joint transform {called}; each sample is made as it returns "
+                            f"it, the transformed image at {_keys(shape.place)}, the rest from the transform's "
+                            "output and what __getitem__ adds)")
+        return lines
+
+
+class CalledWithOne:
+    """A joint transform as a user's ``__getitem__`` calls it with one tuple, list or dict that holds the image
+    (``transforms({"image": img, "boxes": ..., "labels": ...})``, ``transforms((img, target))``), called as the
+    recording and the per-sample path call one: ``(image, rest)``, ``rest`` that structure with None in the
+    image's place. It calls the transform as the user's code does (what v2 draws and does depends on that
+    structure: its labels getter, which tensor is the image) and returns (the image it returns, the rest of
+    what it returns, None in the image's place): a v2 transform returns the structure it is given."""
+
+    def __init__(self, joint, image_at: tuple):
+        self.joint, self.image_at = joint, image_at
+
+    def __call__(self, image, rest):
+        out = self.joint(discover.put(rest, self.image_at, image))
+        return discover.get(out, self.image_at), discover.put(out, self.image_at, None)
+
+
+def around(shape: discover.JointShape, k, image, rest):
+    """Sample ``k`` as its ``__getitem__`` returns it, from its joint transform's output (``image``, ``rest``:
+    the target, or for one structure the rest of it); ``image`` None leaves its place empty (the graph's
+    image goes there in the main process)."""
+    if shape.one:
+        out = rest if image is None else discover.put(rest, shape.image_at, image)
+    else:
+        out = (image, rest)
+    return discover.fill(shape.templates[k], out) if shape.templates is not None else out
+
+
+def _keys(at: tuple) -> str:
+    """A place in a structure as Python indexes it: ``["image"]``, ``[0]``."""
+    return "".join(f"[{k!r}]" for k in at) or "the top"
+
+
+def _leaves(x) -> list:
+    """The values in ``x`` (down its tuples, lists and dicts)."""
+    if type(x) in (tuple, list):
+        return [v for y in x for v in _leaves(y)]
+    if isinstance(x, dict):
+        return [v for y in x.values() for v in _leaves(y)]
+    return [x]
 
 
 def is_user_detection(dataset) -> bool:
@@ -511,10 +583,17 @@ def is_user_detection(dataset) -> bool:
 
 def resolve_user_detection(ds) -> FileSamples:
     joint = ds.transforms
+    # torchvision's v2 all through: it returns the structure it is given (__getitem__ may pick from it, add to it)
+    v2_only = all(type(t).__module__.startswith("torchvision.transforms.v2") for t in [joint] + _steps(joint))
     try:
-        paths, targets, read_as = discover.discover_joint(ds)
+        paths, targets, read_as, shape = discover.discover_joint(ds, fine=v2_only)
     except discover.NotJoint:  # a classification Dataset whose transform is named ``transforms``
         return adapters.resolve(ds)
+    if shape.one and not v2_only:
+        raise NotCompilable(f"{type(ds).__name__}.__getitem__ hands self.transforms one structure (a tuple, list or "
+                            "dict holding the image), and not every step of it is torchvision's v2 class (what a "
+                            "step of your own returns for a structure is yours)",
+                            "to compile it, call self.transforms(image, target)")
     kind = read_as or _first_conversion(joint)  # (read_as: a tensor read by torchvision.io.read_image)
     names = [_step_name(t) for t in _steps(joint)]
     made = ("found once on black images of each file's size" if targets is not None else
@@ -523,7 +602,7 @@ def resolve_user_detection(ds) -> FileSamples:
            f"({made}: datasets/discover.py); the joint transform ({', '.join(names)})"
     return _compiled(UserDetectionSamples(ds, paths, targets, joint, kind,
                                           f"{what} per sample on the decoded image with torchvision's kernels "
-                                          "(datasets/detection.py)"), what)
+                                          "(datasets/detection.py)", shape), what)
 
 
 _RESIZES = ("Resize", "RandomResize", "ScaleJitter", "RandomShortestSize")
@@ -638,7 +717,7 @@ def _program(samples: DetectionSamples) -> Optional[recorded.JointProgram]:
                        recorded.record(joint, size, target(), kind))[0]
                 samples.lazy_masks = recorded.masks_blind(joint, size, target, kind)
                 whole = target()
-                leaves = whole.values() if isinstance(whole, dict) else [whole]
+                leaves = _leaves(whole)
                 # (a sample's mask, or any target as large, travels beside its file: fewer samples per worker
                 # item, feed.ProcessDecoders)
                 samples.large_items = any(isinstance(v, tv_tensors.Mask) for v in leaves) or _travels_large(whole)

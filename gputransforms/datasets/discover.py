@@ -25,6 +25,7 @@ reported as not opening a file, or as decoding where the probe cannot answer.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import threading
 import weakref
@@ -492,10 +493,16 @@ PAIR = (0,)
 def place_of(out, marker) -> "Optional[tuple]":
     """Where ``marker`` is in ``out`` (the keys and indices down tuples, lists and dicts), where it is there
     exactly once and nothing else in ``out`` holds it; else None."""
+    found = places(out, lambda x: x is marker)
+    return found[0] if len(found) == 1 else None
+
+
+def places(out, hit) -> list:
+    """The places (keys and indices down tuples, lists and dicts) of what ``hit`` is true of in ``out``."""
     found: list = []
 
     def walk(x, at: tuple):
-        if x is marker:
+        if hit(x):
             found.append(at)
         elif type(x) in (tuple, list):
             for k, v in enumerate(x):
@@ -504,7 +511,7 @@ def place_of(out, marker) -> "Optional[tuple]":
             for k, v in x.items():
                 walk(v, at + (k,))
     walk(out, ())
-    return found[0] if len(found) == 1 else None
+    return found
 
 
 def put(out, at: tuple, value):
@@ -525,44 +532,159 @@ class NotJoint(Exception):
     """``self.transforms`` is called on the image alone: a classification Dataset that names its transform so."""
 
 
+class Leaf:
+    """What a joint transform hands back at one place of what it was given (``JointRecorder``): ``at``, the
+    keys and indices of that place; ``(0,)`` and ``(1,)`` the image and the target of ``transforms(image,
+    target)``. A v2 transform returns the structure it is given, each leaf transformed."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: tuple):
+        self.at = at
+
+    def __eq__(self, other):
+        return type(other) is Leaf and other.at == self.at
+
+    def __hash__(self):
+        return hash((Leaf, self.at))
+
+    def __repr__(self):
+        return f"Leaf{self.at}"
+
+    def __getstate__(self):
+        return self.at
+
+    def __setstate__(self, at):
+        self.at = at
+
+
+def _mirror(x, at: tuple = ()):
+    """``x`` with each leaf (all but tuples, lists and dicts) a ``Leaf`` of its place."""
+    if type(x) in (tuple, list):
+        return type(x)(_mirror(v, at + (k,)) for k, v in enumerate(x))
+    if type(x) is dict:
+        return {k: _mirror(v, at + (k,)) for k, v in x.items()}
+    return Leaf(at)
+
+
+def get(x, at: tuple):
+    """What is at ``at`` (keys and indices) in ``x``."""
+    for k in at:
+        x = x[k]
+    return x
+
+
+def fill(template, out):
+    """``template`` (what ``__getitem__`` returned around a ``JointRecorder``'s markers) with each ``Leaf`` the
+    value at its place in ``out`` (what the joint transform returned), in new tuples, lists and dicts."""
+    if type(template) is Leaf:
+        return get(out, template.at)
+    if type(template) in (tuple, list):
+        return type(template)(fill(v, out) for v in template)
+    if type(template) is dict:
+        return {k: fill(v, out) for k, v in template.items()}
+    return template
+
+
+#: what __getitem__ returns in the common shape, ``self.transforms(image, target)`` itself
+PLAIN = (Leaf((0,)), Leaf((1,)))
+
+
+@dataclasses.dataclass(frozen=True)
+class JointShape:
+    """How a user's ``__getitem__`` calls its joint transform, and what it returns around its output.
+
+    ``one``: called with one tuple, list or dict that holds the image (``transforms({"image": img, "boxes":
+    ...})``, ``transforms((img, target))``), else with two arguments, the image and the target. ``image_at``:
+    the image's place in what the transform is given and returns ((0,) for two arguments). ``place``: the
+    transformed image's place in what ``__getitem__`` returns. ``templates``: per index, what ``__getitem__``
+    returned, with a ``Leaf`` for each part of the transform's output (``fill``); None where every index
+    returns the transform's ``(image, target)`` as it is. ``fine``: the probe marked the target's leaves
+    (``JointRecorder``)."""
+
+    one: bool
+    image_at: tuple
+    place: tuple
+    templates: Optional[list]
+    fine: bool = False
+
+
 class JointRecorder:
-    """Stands in for a joint transform (``transforms(image, target)``) during a probe: records the pair
-    it is given and returns two markers."""
+    """Stands in for a joint transform during a probe: records what it is given and returns markers of
+    what a v2 transform would return (``Leaf``): for one tuple, list or dict, the same structure with a
+    marker for each leaf; for two arguments ``(image, target)``, the target's leaves each marked too where
+    ``fine`` (the joint transform is torchvision's v2, which returns the structure it is given), else
+    ``PLAIN`` (what another transform returns for the target is its own)."""
 
-    IMAGE, TARGET = object(), object()
-
-    def __init__(self):
+    def __init__(self, fine: bool = False):
         self.seen: list = []
+        self.returned: list = []
+        self.fine = fine
 
     def __call__(self, *args):
-        if len(args) == 1:
+        if len(args) == 2:
+            out = _mirror(args) if self.fine else PLAIN
+        elif len(args) == 1 and type(args[0]) in (tuple, list, dict):
+            out = _mirror(args[0])
+        else:
             raise NotJoint
         self.seen.append(args)
-        return self.IMAGE, self.TARGET
+        self.returned.append(out)
+        return out
 
 
-def discover_joint(ds) -> tuple:
-    """``(paths, targets, kind)`` of a user's detection or segmentation Dataset: ``__getitem__`` opens an image
-    with ``PIL.Image.open`` (``kind`` None), or reads it with ``torchvision.io.read_image`` (``kind`` "image" where
-    it hands the transform a ``tv_tensors.Image``, "tensor" a plain tensor: the detection tutorial's way), makes
-    its target (a dict of tv_tensors, a ``Mask``), and returns
-    ``self.transforms(image, target)``. Each index runs once with the image black and of the file's own size
-    (nothing decoded), its target kept as it went into ``self.transforms``. Where it opens more files after
-    the image (a mask), those stand black in their own mode and size here, and ``targets`` is None: each
-    target is made again when the sample is read (``joint_target``), with the other files read for real.
-    The first index runs again on its real pixels, and a target that differs there (made from the image's
-    pixels) is a ``NotCompilable``, as is anything else ``discover`` refuses; ``NotJoint`` where
-    ``self.transforms`` is called on the image alone."""
+def split(args: tuple, image_at: Optional[tuple] = None) -> tuple:
+    """``(image_at, image, rest)`` of what a joint transform was given: for ``(image, target)`` ((0,), the
+    image, the target); for one structure, the place of the image the probe opened in it (or ``image_at``),
+    that image, and the structure with None there."""
+    if len(args) == 2:
+        return (0,), args[0], args[1]
+    inp = args[0]
+    if image_at is None:
+        found = places(inp, _is_the_image)
+        if len(found) != 1:
+            raise _Undiscoverable("calls self.transforms with one tuple, list or dict that does not hold the image "
+                                  "it opened" if not found else "calls self.transforms with one tuple, list or dict "
+                                  "that holds the image it opened more than once")
+        image_at = found[0]
+    return image_at, get(inp, image_at), put(inp, image_at, None)
+
+
+def _is_the_image(x) -> bool:
+    """Whether ``x`` is the image a sized probe opened first (PIL's, or the tensor torchvision.io read)."""
+    if isinstance(x, Image.Image):
+        return x.info.get(_OPENED) == 1
+    return isinstance(x, torch.Tensor) and _local.first_tensor is not None and \
+        x.untyped_storage().data_ptr() == _local.first_tensor.untyped_storage().data_ptr()
+
+
+def discover_joint(ds, fine: bool = False) -> tuple:
+    """``(paths, targets, kind, shape)`` of a user's detection or segmentation Dataset: ``__getitem__`` opens an
+    image with ``PIL.Image.open`` (``kind`` None), or reads it with ``torchvision.io.read_image`` (``kind`` "image"
+    where it hands the transform a ``tv_tensors.Image``, "tensor" a plain tensor: the detection tutorial's way),
+    makes its target (a dict of tv_tensors, a ``Mask``), and calls ``self.transforms(image, target)``, or
+    ``self.transforms`` on one tuple, list or dict holding the image and its targets (``shape``, a
+    ``JointShape``, says which, and what ``__getitem__`` returns around the output: the output itself, a longer
+    tuple, a dict, its parts picked out). Each index runs once with the image black and of the file's own size
+    (nothing decoded), its target kept as it went into ``self.transforms`` (for one structure: that structure with
+    None in the image's place). Where it opens more files after the image (a mask), those stand black in their own
+    mode and size here, and ``targets`` is None: each target is made again when the sample is read
+    (``joint_target``), with the other files read for real. The first index runs again on its real pixels, and a
+    target or an output that differs there (made from the image's pixels) is a ``NotCompilable``, as is anything
+    else ``discover`` refuses; ``NotJoint`` where ``self.transforms`` is called on the image alone. ``fine``: the
+    joint transform returns the structure it is given (torchvision's v2: ``JointRecorder``), so ``__getitem__``
+    may pick parts of the target or add to it."""
     name = type(ds).__name__
     n = _length(ds, name)
-    probe, recorder = _joint_probe(ds)
+    probe, recorder = _joint_probe(ds, fine)
     getitem = type(ds).__getitem__
-    paths, targets, more, kind = [], [], False, None
+    paths, targets, templates, more, kind, shape, plain = [], [], [], False, None, None, True
     try:
         with _intercept(sized=True) as calls:
             for i in range(n):
                 del calls[:]
                 recorder.seen.clear()
+                recorder.returned.clear()
                 try:
                     out = getitem(probe, i)
                 except (_Undiscoverable, NotJoint):
@@ -570,10 +692,16 @@ def discover_joint(ds) -> tuple:
                 except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
                     raise _Undiscoverable(f"does something to the image or the target the placeholder cannot "
                                           f"stand for (index {i}: {type(e).__name__}: {e})") from None
-                paths.append(_check_joint(i, calls, recorder, out, pixels=i < 64 or i % 997 == 0))
+                path, found, image, target = _check_joint(i, calls, recorder, out, pixels=i < 64 or i % 997 == 0)
+                if shape is not None and found != shape:
+                    raise _Undiscoverable(f"calls self.transforms or returns its output otherwise for index {i} "
+                                          "than for index 0")
+                shape = found
+                paths.append(path)
                 more = more or len(calls) > 1
-                targets.append(recorder.seen[0][1])
-                image = recorder.seen[0][0]
+                targets.append(target)
+                templates.append(out)
+                plain = plain and not shape.one and same(out, recorder.returned[0])
                 read_as = None if isinstance(image, Image.Image) else \
                     "image" if isinstance(image, tv_tensors.Image) else "tensor"
                 if i and read_as != kind:
@@ -584,26 +712,28 @@ def discover_joint(ds) -> tuple:
             targets = None
         if n:
             recorder.seen.clear()
-            getitem(probe, 0)  # its real pixels (and files): the target must be the same
-            found = targets[0] if targets is not None else _rerun(probe, recorder, 0, paths[0])
-            if not same(recorder.seen[0][1], found):
+            real = getitem(probe, 0)  # its real pixels (and files): the target must be the same
+            found = targets[0] if targets is not None else _rerun(probe, recorder, 0, paths[0], shape)
+            if not same(split(recorder.seen[0], shape.image_at)[2], found) or not same(real, templates[0]):
                 raise _Undiscoverable("makes its target from the image's pixels (index 0 differs on a black image "
                                       "of the same size)")
             if _has_image(found):
                 raise _Undiscoverable("passes a second image in its target (a mask is a tv_tensors.Mask)")
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
-    return paths, targets, kind
+    if shape is None:
+        shape = JointShape(False, (0,), (0,), None)
+    return paths, targets, kind, dataclasses.replace(shape, templates=None if plain else templates, fine=fine)
 
 
-def _joint_probe(ds) -> tuple:
+def _joint_probe(ds, fine: bool = False) -> tuple:
     probe = copy.copy(ds)
-    recorder = JointRecorder()
+    recorder = JointRecorder(fine)
     probe.transforms = recorder
     return probe, recorder
 
 
-def _rerun(probe, recorder: JointRecorder, i: int, path: str):
+def _rerun(probe, recorder: JointRecorder, i: int, path: str, shape: "JointShape"):
     """Index ``i``'s target, its image black of the file's size and its other files read as they are."""
     recorder.seen.clear()
     with _intercept(sized=True, rest="real") as calls:
@@ -615,7 +745,7 @@ def _rerun(probe, recorder: JointRecorder, i: int, path: str):
     if len(recorder.seen) != 1:
         raise RuntimeError(f"gputransforms: sample {i} of {type(probe).__name__} called self.transforms "
                            f"{len(recorder.seen)} times now, once when the loader was made")
-    return recorder.seen[0][1]
+    return split(recorder.seen[0], shape.image_at)[2]
 
 
 #: the probe of the dataset whose targets this process makes (``joint_target``): (a weak reference to the
@@ -623,13 +753,13 @@ def _rerun(probe, recorder: JointRecorder, i: int, path: str):
 _PROBE: list = [None]
 
 
-def joint_target(ds, i: int, path: str):
+def joint_target(ds, i: int, path: str, shape: JointShape):
     """Sample ``i``'s target as ``ds.__getitem__`` makes it, without decoding its image (``discover_joint``
     where it opens more files than the image: they are read here)."""
     if _PROBE[0] is None or _PROBE[0][0]() is not ds:
-        _PROBE[0] = (weakref.ref(ds),) + _joint_probe(ds)
+        _PROBE[0] = (weakref.ref(ds),) + _joint_probe(ds, shape.fine)
     _, probe, recorder = _PROBE[0]
-    return _rerun(probe, recorder, i, path)
+    return _rerun(probe, recorder, i, path, shape)
 
 
 def _has_image(target) -> bool:
@@ -642,12 +772,14 @@ def _has_image(target) -> bool:
     return False
 
 
-def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool) -> str:
+def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool) -> tuple:
+    """(the file, the ``JointShape`` of the call, the image, the target) of index ``i``'s probe."""
     if not calls:
         raise _Undiscoverable("opens no image with PIL.Image.open or torchvision.io.read_image", _JOINT_FILES)
-    if len(recorder.seen) != 1 or len(recorder.seen[0]) != 2:
+    if len(recorder.seen) != 1:
         raise _Undiscoverable("does not call self.transforms(image, target) once")
-    img = recorder.seen[0][0]
+    args = recorder.seen[0]
+    image_at, img, target = split(args)
     if isinstance(img, torch.Tensor):  # read by torchvision.io.read_image (the detection tutorial's way)
         first = _local.first_tensor
         if first is None and _local.reads:
@@ -671,7 +803,14 @@ def _check_joint(i: int, calls: list, recorder: JointRecorder, out, pixels: bool
               (not pixels or img.getbbox() is None)):
         raise _Undiscoverable("changes the image between opening it and self.transforms (a crop, a resize, a mode "
                               "other than RGB, a conversion to a tensor)")
-    if not isinstance(out, (tuple, list)) or len(out) != 2 or out[0] is not recorder.IMAGE or \
-            out[1] is not recorder.TARGET:
-        raise _Undiscoverable("does not return self.transforms(image, target)")
-    return calls[0]
+    place = _place_of_leaf(out, Leaf(image_at))
+    if place is None or _holds_the_image(out, img):
+        raise _Undiscoverable("does not return the image self.transforms returns once, in a tuple, list or dict "
+                              "(beside its target or parts of it, or alone)")
+    return calls[0], JointShape(len(args) == 1, image_at, place, None), img, target
+
+
+def _place_of_leaf(out, leaf: Leaf) -> Optional[tuple]:
+    """Where ``leaf`` is in ``out``, where it is there exactly once."""
+    found = places(out, lambda x: type(x) is Leaf and x == leaf)
+    return found[0] if len(found) == 1 else None
