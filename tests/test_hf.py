@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.utils.data as tud
 from PIL import Image
+from torchvision import tv_tensors
+from torchvision.transforms import v2
 
 from gputransforms import DataLoader, FallbackWarning
 from gputransforms import transforms as T
@@ -223,7 +225,20 @@ def computes(batch):
     return batch
 
 
+JOINT = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(1.0), v2.Resize((32, 32))])
+
+
+def joint(batch):
+    """The detection tutorials' shape: the image and its boxes through one v2 transform."""
+    out = [JOINT(im.convert("RGB"), {"boxes": tv_tensors.BoundingBoxes([[1, 2, 5, 6]], format="XYXY",
+                                                                        canvas_size=(im.height, im.width))})
+           for im in batch["image"]]
+    batch["pixel_values"], batch["target"] = [o[0] for o in out], [o[1] for o in out]
+    return batch
+
+
 @pytest.mark.parametrize("shape, why", [
+    (lambda t: t.with_transform(joint), "calls its transform with the image and a target"),
     (lambda t: t.with_format("torch"), "format 'torch'"),
     (lambda t: t, "format None"),
     (lambda t: t.with_transform(two_transforms), "names 2 torchvision/timm transforms"),

@@ -271,13 +271,23 @@ class _intercept:
                 torchvision.io.read_file, torchvision.io.decode_image = _installed[3], _installed[4]
 
 
+class JointCall(TypeError):
+    """A transform a probe stands a ``Recorder`` in for was called with more than the image (a joint
+    transform: ``transform(image, target)``)."""
+
+    def __str__(self):
+        return "its transform is called with the image and a target (a joint transform)"
+
+
 class Recorder:
     """Stands in for a transform during a probe: records what it is given, returns itself (a marker)."""
 
     def __init__(self):
         self.seen: list = []
 
-    def __call__(self, img):
+    def __call__(self, img, *more):
+        if more:
+            raise JointCall()
         self.seen.append(img)
         return self
 

@@ -33,7 +33,7 @@ from ..compiler import stages
 from ..device import batched, to_device
 from ..errors import NotCompilable
 from .adapters import FileSamples, _fresh
-from .discover import Recorder, as_opened, first_not_rgb, is_placeholder, is_transform, opened_placeholder, \
+from .discover import JointCall, Recorder, as_opened, first_not_rgb, is_placeholder, is_transform, opened_placeholder, \
     watching
 
 _ADVICE = ("to compile it, give the dataset ds.with_transform(fn) where fn sets batch[key] = "
@@ -122,6 +122,11 @@ def _probe(fn, row: dict, column: str):
         try:
             with watching():  # (whether it converts the image to RGB)
                 out = fn(batch)
+        except JointCall:
+            raise NotCompilable(f"the format transform {name} calls its transform with the image and a target (a "
+                                "joint transform: detection and segmentation rows of a Hugging Face dataset are not "
+                                "compiled)", "to compile it, give the images as files: CocoDetection, VOC, or a Dataset of your own "
+                                "that opens them (docs/datasets.md)") from None
         except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
             raise NotCompilable(f"the format transform {name} does something to the image before or after "
                                 f"its transform (on a placeholder: {type(e).__name__}: {e})", _ADVICE) from None
