@@ -34,10 +34,17 @@ CHAINS = {
     "FiveCrop, then ToImage": T2.Compose([T2.Resize((32, 32)), T2.FiveCrop(16), T2.ToImage()]),
     "Lambda, then ToImage": T2.Compose([T2.Resize((32, 32)), T1.Lambda(lambda im: T1.functional.crop(im, 2, 3, 10, 12)),
                                         T2.ToImage()]),
+    # torch.nn.Sequential as the chain or a part of it (torchvision's docs chain scriptable transforms so), and
+    # RandomApply's documented nn.ModuleList
+    "nn.Sequential": torch.nn.Sequential(T2.ToImage(), T2.Resize((32, 32)), T2.ToDtype(torch.float32, scale=True)),
+    "nn.Sequential in Compose": T2.Compose([T2.ToImage(), torch.nn.Sequential(T2.Resize((32, 32)), T2.CenterCrop(24))]),
+    "RandomApply of a ModuleList": T2.Compose([T2.ToImage(), T2.Resize((32, 32)), T2.RandomApply(
+        torch.nn.ModuleList([T2.CenterCrop(24), T2.Resize((32, 32))]), p=1.0)]),
 }
 KINDS = {"v2 ToImage": "tv_image", "v2 uint8": "tv_image", "v2 FiveCrop": "tv_image", "v2 ToPureTensor": "tensor",
          "v2 PILToTensor": "tensor", "v1 ToTensor": "tensor", "PIL out, v1": "pil", "PIL out, v2": "pil",
-         "FiveCrop, then ToImage": "tv_image", "Lambda, then ToImage": "tv_image"}
+         "FiveCrop, then ToImage": "tv_image", "Lambda, then ToImage": "tv_image", "nn.Sequential": "tv_image",
+         "nn.Sequential in Compose": "tv_image", "RandomApply of a ModuleList": "tv_image"}
 
 
 def as_list(batch):
@@ -211,3 +218,18 @@ def test_steps_after_the_graph_are_handed_torchvisions_types(photo_folder, devic
     a = torch.cat([x for x, _ in ours(torchvision.datasets.ImageFolder(str(photo_folder), transform=tf))])
     b = torch.cat([x for x, _ in theirs(torchvision.datasets.ImageFolder(str(photo_folder), transform=tf))])
     assert a.shape == b.shape and (a.cpu().double() - b.double()).abs().mean() < (1.5 if device == "cpu" else 3.0)
+
+
+def test_a_sequential_with_a_hook_runs_as_written(photo_folder):
+    """A hook on the Sequential is the user's code around it: the Sequential is not opened into the graph's
+    steps, it runs per sample as written, and the hook sees every sample (as in torch's DataLoader)."""
+    seen = []
+    seq = torch.nn.Sequential(T2.Resize((32, 32)), T2.CenterCrop(24))
+    seq.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    tf = T2.Compose([T2.ToImage(), seq, T2.ToDtype(torch.float32, scale=True)])
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=tf)
+    theirs = list(tud.DataLoader(ds, batch_size=4))
+    n = len(seen)
+    ours = list(DataLoader(ds, batch_size=4, device="cpu"))
+    assert n == len(ds) and len(seen) == 2 * n and set(seen) == {(3, 24, 24)}
+    same_items(ours, theirs, tol=1.5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+import torch
 import torchvision.transforms as tv1
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import v2 as tv2
@@ -65,6 +66,17 @@ def _stock_compose(t) -> bool:
     return isinstance(t, (tv1.Compose, tv2.Compose)) and user_override(t) is None
 
 
+def steps_of(t) -> Optional[list]:
+    """The steps a container runs one after the other on one input: a stock Compose's, or a
+    ``torch.nn.Sequential``'s (that class exactly, without hooks: torchvision's docs chain scriptable
+    transforms so; on one input it runs its modules as Compose does); None for anything else."""
+    if _stock_compose(t):
+        return list(t.transforms)
+    if type(t) is torch.nn.Sequential and not (t._forward_hooks or t._forward_pre_hooks):
+        return list(t)
+    return None
+
+
 def flatten_clips(transform) -> list:
     """``flatten`` for a chain given a clip's (T, C, H, W) frames: torchvision's ``VideoClassification`` as its steps
     too (on an image it raises in torchvision, so an image chain leaves it as written)."""
@@ -80,9 +92,10 @@ def flatten(transform) -> list:
     Identity and ToPureTensor dropped."""
     if transform is None:
         return []
-    if _stock_compose(transform):
+    steps = steps_of(transform)
+    if steps is not None:
         out = []
-        for t in transform.transforms:
+        for t in steps:
             out.extend(flatten(t))
         return out
     if isinstance(transform, (tv2.Identity, tv2.ToPureTensor)) and user_override(transform) is None:
@@ -235,8 +248,9 @@ def output_kind(transform, start: str = "pil") -> Optional[str]:
     kind: Optional[str] = start
     if transform is None:
         return kind
-    if _stock_compose(transform):
-        for t in transform.transforms:
+    steps = steps_of(transform)
+    if steps is not None:
+        for t in steps:
             kind = output_kind(t, kind)  # (None on: a later ToImage or ToPILImage still decides)
         return kind
     if type(transform).__name__ in PRESET_WRAPPERS and isinstance(getattr(transform, "transforms", None),
@@ -254,7 +268,8 @@ def output_kind(transform, start: str = "pil") -> Optional[str]:
     if start is None:
         return None
     if isinstance(transform, _CONTAINERS):  # every branch must end where it began (or the draw decides)
-        inner = transform.transforms if isinstance(transform.transforms, (list, tuple)) else [transform.transforms]
+        inner = list(transform.transforms) if isinstance(transform.transforms, (list, tuple, torch.nn.ModuleList)) \
+            else [transform.transforms]
         return start if all(output_kind(c, start) == start for c in inner) else None
     if isinstance(transform, tv2.Transform):
         return start  # v2 keeps each input's type
@@ -272,8 +287,9 @@ def kinds_before(transform, start: str = "pil") -> dict:
     def walk(t, kind):
         if t is None:
             return kind
-        if _stock_compose(t):
-            for c in t.transforms:
+        steps = steps_of(t)
+        if steps is not None:
+            for c in steps:
                 kind = walk(c, kind)
             return kind
         if isinstance(t, (tv2.Identity, tv2.ToPureTensor)) and user_override(t) is None:

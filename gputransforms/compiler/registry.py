@@ -29,13 +29,14 @@ import dataclasses
 import sys
 from typing import Callable, Optional
 
+import torch
 import torchvision.transforms as tv1
 import torchvision.transforms.functional as F1
 from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
 from . import batched, joint_chain, joint_draws, joint_forward, lowerings, vectorized
-from .chain import NotLowerable, Op, model_preprocessing, model_presets, overridden, user_override
+from .chain import NotLowerable, Op, model_preprocessing, model_presets, overridden, steps_of, user_override
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +190,7 @@ register((tv1.RandomApply, tv2.RandomApply), batched=lambda t: batched.lower_ran
 register((tv1.RandomChoice, tv2.RandomChoice), batched=lambda t: batched.lower_random_choice(t, batched_of))
 register((tv1.RandomOrder, tv2.RandomOrder), batched=lambda t: batched.lower_random_order(t, batched_of))
 register((tv1.Compose, tv2.Compose), batched=lambda t: batched.sequence(t.transforms, batched_of))
+register((torch.nn.Sequential,), batched=lambda t: batched.sequence(steps_of(t), batched_of) if steps_of(t) else None)
 
 
 # --- joint transforms (image and tv_tensor targets), recorded: compiler/joint.py --------------------------
