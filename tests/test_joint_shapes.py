@@ -16,7 +16,7 @@ from torchvision import tv_tensors
 from torchvision.io import read_image
 from torchvision.transforms import v2
 
-from gputransforms import DataLoader, FallbackWarning, sampledata
+from gputransforms import BadSampleError, DataLoader, FallbackWarning, SkippedSamplesWarning, sampledata
 
 pytest.importorskip("pycocotools")
 
@@ -213,3 +213,44 @@ def test_a_joint_call_that_reads_the_output_or_has_steps_of_its_own_runs_as_writ
         torch.manual_seed(1)
         theirs = list(tud.DataLoader(ds, batch_size=4, collate_fn=_tzip))
         _same(ours, theirs, "cpu")
+
+
+class _BadMask(_Seg):
+    """Image and mask opened with PIL, the mask handed over as a tv_tensors.Mask (one mask file is garbage)."""
+
+    def __getitem__(self, i):
+        img = Image.open(self.images[i]).convert("RGB")
+        mask = tv_tensors.Mask(torch.from_numpy(np.array(Image.open(self.masks[i]))))
+        return self.transforms(img, mask)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_file_pil_cannot_open_is_named_or_skipped_not_a_fallback(coco, voc, tmp_path, workers):
+    """A bad file among a user's samples (its header unreadable: the probe cannot learn its size) used to send
+    the whole Dataset to torch's DataLoader. It stays compiled: the loop raises a BadSampleError naming the
+    file, where torch's raises PIL's OSError; with on_error="skip" the other samples come, once each, and
+    the file is reported. The same for a mask file, which the loader reads where the sample is made."""
+    garbage = b"\xff\xd8\xff\xe0" + b"not a jpeg" * 20
+    det = DictSample(coco, DETECTION)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(garbage)
+    det.items[0] = (str(bad),) + det.items[0][1:]
+    seg = _BadMask(voc, v2.Compose([v2.ToImage(), v2.Resize((40, 40)), v2.ToDtype(torch.float32, scale=True)]))
+    bad_mask = tmp_path / "bad.png"
+    bad_mask.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not a png" * 20)
+    seg.masks[1] = bad_mask
+    for ds, path, collate in ((det, bad, _as_list), (seg, bad_mask, None)):
+        kw = dict(batch_size=4, num_workers=workers, **({"collate_fn": collate} if collate else {}))
+        with pytest.raises(OSError):
+            list(tud.DataLoader(ds, **kw))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            loader = DataLoader(ds, device="cpu", **kw)
+        assert loader.backend == "dali", loader.reason
+        assert "recorded per sample" in loader.explain()
+        with pytest.raises(BadSampleError, match=str(path)):
+            list(loader)
+        with pytest.warns(SkippedSamplesWarning):
+            loader = DataLoader(ds, device="cpu", on_error="skip", **kw)
+            n = sum(len(b) if collate else len(b[0]) for b in loader)
+        assert n == len(ds) - 1 and [s.path for s in loader.skipped] == [str(path)]

@@ -418,7 +418,7 @@ class DetectionSamples(FileSamples):
         """What happens to each tv_tensor type at each step of the joint transform (explain())."""
         if self.joint is None or not len(self.paths):
             return []
-        types = ["Image"] + sorted({type(v).__name__ for v in _leaves(self.target(0))
+        types = ["Image"] + sorted({type(v).__name__ for v in _leaves(self._a_target())
                                     if isinstance(v, tv_tensors.TVTensor) and not isinstance(v, tv_tensors.Image)})
         if self.program is not None:
             lines = [f"  joint transform, recorded per sample in torch's worker processes (torchvision draws the "
@@ -447,6 +447,15 @@ class DetectionSamples(FileSamples):
                   f"{_USER_EFFECTS if any(t is u for u in yours) else _effects(_step_name(t), types)}"
                   for t in _steps(self.joint)]
         return lines
+
+    def _a_target(self):
+        """The first of the first samples' targets that can be made (a bad file's cannot), for explain()."""
+        for i in range(min(8, len(self.paths))):
+            try:
+                return self.target(i)
+            except Exception:  # noqa: BLE001 - a bad file: its error is the loop's, when it is read
+                continue
+        return None
 
     def _heavy(self) -> list:
         return [n for n in (type(t).__name__ for t in _steps(self.joint)) if n in _HEAVY] if self.joint else []
@@ -512,7 +521,7 @@ class UserDetectionSamples(DetectionSamples):
     def target_of(self, k, img: Image.Image):
         """Sample ``k``'s target as its ``__getitem__`` made it (a copy: a transform may change it in place),
         or makes it again (its image black, its other files read: ``discover.joint_target``)."""
-        if self.made is None:
+        if self.made is None or self.made[k] is None:  # (None: a file PIL could not open when it was made)
             return discover.joint_target(self.ds, k, self.paths[k], self.joint_shape)
         return copy.deepcopy(self.made[k])
 
@@ -520,7 +529,7 @@ class UserDetectionSamples(DetectionSamples):
         lines = DetectionSamples.explain_lines(self)
         shape = self.shape
         if shape is not None and lines:
-            called = (f"on one {type(self.target(0)).__name__} holding the image at {_keys(shape.image_at)}"
+            called = (f"on one {type(self._a_target()).__name__} holding the image at {_keys(shape.image_at)}"
                       if shape.one else "as (image, target)")
             lines.insert(1, f"  (__getitem__ calls the joint transform {called}; each sample is made as it returns "
                             f"it, the transformed image at {_keys(shape.place)}, the rest from the transform's "

@@ -36,7 +36,7 @@ from PIL import Image
 from torchvision import tv_tensors
 
 from ..compiler.joint import same
-from ..errors import NotCompilable
+from ..errors import BadSampleError, NotCompilable
 
 _local = threading.local()
 _lock = threading.Lock()
@@ -97,6 +97,23 @@ class _Undiscoverable(Exception):
         self.advice = advice
 
 
+class _Unreadable(OSError):
+    """A sized probe's file whose header PIL cannot read (a bad file): the sample is kept, and reading it
+    raises the error naming it (or skips it, where asked), as for any other sample."""
+
+    def __init__(self, path: str, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.path = path
+
+
+def _header(path: str):
+    """PIL's open of ``path`` for its header (``_Unreadable`` where PIL cannot open it)."""
+    try:
+        return _installed[1](path)
+    except Exception as e:  # noqa: BLE001 - PIL's own error for a bad file, kept in the sample's later error
+        raise _Unreadable(path, e) from None
+
+
 def _template() -> Image.Image:
     img = Image.new("RGB", _SIZE)
     img.putdata([(x * 11 % 256, y * 13 % 256, (x + y) * 7 % 256) for y in range(_SIZE[1]) for x in range(_SIZE[0])])
@@ -140,7 +157,7 @@ def _open(fp, *args, **kwargs):
     if getattr(_local, "sized", False):  # black, of the file's own size (its header read, nothing decoded)
         if len(calls) > 1 and _local.rest == "real":  # a second file (a mask): read as the dataset reads it
             return _installed[1](fp, *args, **kwargs)
-        with _installed[1](path) as real:
+        with _header(path) as real:
             if len(calls) == 1:
                 _local.first_size = real.size
             # black, in the file's own mode (an image the code does not convert to RGB is refused: the graph
@@ -187,7 +204,7 @@ def _decode_image(input, mode=None, apply_exif_orientation: bool = False):
         out = _TENSOR_TEMPLATE.clone()
         _local.tensors[out.data_ptr()] = (path, name)
         return out
-    with _installed[1](path) as img:
+    with _header(path) as img:
         size = img.size
         channels = {"RGB": 3, "GRAY": 1, "RGB_ALPHA": 4, "GRAY_ALPHA": 2}.get(name) or \
             {"RGB": 3, "L": 1, "RGBA": 4, "LA": 2}.get(img.mode)
@@ -689,6 +706,7 @@ def discover_joint(ds, fine: bool = False) -> tuple:
     probe, recorder = _joint_probe(ds, fine)
     getitem = type(ds).__getitem__
     paths, targets, templates, more, kind, shape, plain = [], [], [], False, None, None, True
+    bad, read = set(), 0  # indices whose file (or another file they open) PIL cannot open; those read
     try:
         with _intercept(sized=True) as calls:
             for i in range(n):
@@ -699,6 +717,12 @@ def discover_joint(ds, fine: bool = False) -> tuple:
                     out = getitem(probe, i)
                 except (_Undiscoverable, NotJoint):
                     raise
+                except _Unreadable as e:  # a bad file: reading the sample names it (or skips it)
+                    bad.add(i)
+                    paths.append(calls[0] if calls else e.path)
+                    targets.append(None)
+                    templates.append(None)
+                    continue
                 except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
                     raise _Undiscoverable(f"does something to the image or the target the placeholder cannot "
                                           f"stand for (index {i}: {type(e).__name__}: {e})") from None
@@ -714,17 +738,21 @@ def discover_joint(ds, fine: bool = False) -> tuple:
                 plain = plain and not shape.one and same(out, recorder.returned[0])
                 read_as = None if isinstance(image, Image.Image) else \
                     "image" if isinstance(image, tv_tensors.Image) else "tensor"
-                if i and read_as != kind:
+                if read and read_as != kind:
                     raise _Undiscoverable(f"hands self.transforms its image as a {type(image).__name__} for index "
-                                          f"{i} and otherwise for index 0")
+                                          f"{i} and otherwise for the first index")
                 kind = read_as
+                read += 1
         if more:
             targets = None
+        if n and not read:
+            raise _Undiscoverable("opens no file PIL can read")
         if n:
+            first = next(i for i in range(n) if i not in bad)
             recorder.seen.clear()
-            real = getitem(probe, 0)  # its real pixels (and files): the target must be the same
-            found = targets[0] if targets is not None else _rerun(probe, recorder, 0, paths[0], shape)
-            if not same(split(recorder.seen[0], shape.image_at)[2], found) or not same(real, templates[0]):
+            real = getitem(probe, first)  # its real pixels (and files): the target must be the same
+            found = targets[first] if targets is not None else _rerun(probe, recorder, first, paths[first], shape)
+            if not same(split(recorder.seen[0], shape.image_at)[2], found) or not same(real, templates[first]):
                 raise _Undiscoverable("makes its target from the image's pixels (index 0 differs on a black image "
                                       "of the same size)")
             if _has_image(found):
@@ -747,7 +775,11 @@ def _rerun(probe, recorder: JointRecorder, i: int, path: str, shape: "JointShape
     """Index ``i``'s target, its image black of the file's size and its other files read as they are."""
     recorder.seen.clear()
     with _intercept(sized=True, rest="real") as calls:
-        type(probe).__getitem__(probe, i)
+        try:
+            type(probe).__getitem__(probe, i)
+        except Exception as e:
+            _name_a_bad_file(i, calls[1:], e)
+            raise
         first = calls[0] if calls else None
     if first != path:
         raise RuntimeError(f"gputransforms: sample {i} of {type(probe).__name__} opened {first} now, {path} when "
@@ -756,6 +788,17 @@ def _rerun(probe, recorder: JointRecorder, i: int, path: str, shape: "JointShape
         raise RuntimeError(f"gputransforms: sample {i} of {type(probe).__name__} called self.transforms "
                            f"{len(recorder.seen)} times now, once when the loader was made")
     return split(recorder.seen[0], shape.image_at)[2]
+
+
+def _name_a_bad_file(i: int, others: list, error: Exception) -> None:
+    """Where making sample ``i``'s target failed: a ``BadSampleError`` naming the first of the other files it
+    opened (a mask) that PIL cannot open and decode, if one is (skippable with ``on_error="skip"``)."""
+    for path in others:
+        try:
+            with _installed[1](path) as img:
+                img.load()
+        except Exception as bad:  # noqa: BLE001 - PIL's verdict is the reason
+            raise BadSampleError(i, path, f"not an image PIL can open ({type(bad).__name__}: {bad})") from error
 
 
 #: the probe of the dataset whose targets this process makes (``joint_target``): (a weak reference to the
