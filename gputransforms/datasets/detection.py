@@ -140,6 +140,19 @@ def _placeholder() -> np.ndarray:
     return files.bmp_of(np.zeros((1, 1, 3), dtype=np.uint8))
 
 
+def _as_written(joint, kind: str, shape, i: int, path: str, data: bytes, k, target):
+    """Sample ``i`` run as written on the pixels PIL decodes from ``data`` (``target()`` makes its target);
+    its own error, if it has one, raised as torchvision raises it, with the file named."""
+    image = files.pil_rgb(i, path, data)
+    if kind != "pil":
+        image = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+    try:
+        out = joint(tv_tensors.Image(image) if kind == "image" else image, target())
+    except Exception as err:  # noqa: BLE001 - torchvision's (or the user's) error, the file named
+        _raise_named(err, i, path)
+    return out if shape is None else around(shape, k, *out)
+
+
 def _pickled(target) -> Pickled:
     return _TargetPickler.dumps(target)
 
@@ -320,19 +333,10 @@ class DetectionSamples(FileSamples):
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
                 if not (isinstance(e, recorded.Unrecordable) or user):
                     _raise_named(e, i, path)  # torchvision's own error for this sample (it raises it too)
-                # the sample runs as written, from the same RNG state, on the pixels PIL decodes; its own error,
-                # if it has one, is raised here as torchvision does. The graph gets a 1x1 placeholder in its place
-                # (its output is left unused), not the file to decode again.
+                # the sample runs as written, from the same RNG state, on the pixels PIL decodes. The graph gets
+                # a 1x1 placeholder in its place (its output is left unused), not the file to decode again.
                 torch.set_rng_state(state)
-                image = files.pil_rgb(i, path, data)
-                if kind != "pil":
-                    image = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
-                try:
-                    out = joint(tv_tensors.Image(image) if kind == "image" else image, target_of(k, img))
-                except Exception as err:  # noqa: BLE001 - torchvision's (or the user's) error, the file named
-                    _raise_named(err, i, path)
-                if shape is not None:
-                    out = around(shape, k, *out)
+                out = _as_written(joint, kind, shape, i, path, data, k, lambda: target_of(k, img))
                 return (_placeholder(), program.identity((1, 1))), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels

@@ -706,62 +706,75 @@ def discover_joint(ds, fine: bool = False) -> tuple:
     probe, recorder = _joint_probe(ds, fine)
     getitem = type(ds).__getitem__
     paths, targets, templates, more, kind, shape, plain = [], [], [], False, None, None, True
-    bad, read = set(), 0  # indices whose file (or another file they open) PIL cannot open; those read
+    bad = set()  # indices whose file (or another file they open) PIL cannot open
     try:
         with _intercept(sized=True) as calls:
             for i in range(n):
-                del calls[:]
-                recorder.seen.clear()
-                recorder.returned.clear()
-                try:
-                    out = getitem(probe, i)
-                except (_Undiscoverable, NotJoint):
-                    raise
-                except _Unreadable as e:  # a bad file: reading the sample names it (or skips it)
-                    bad.add(i)
-                    paths.append(calls[0] if calls else e.path)
-                    targets.append(None)
-                    templates.append(None)
-                    continue
-                except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
-                    raise _Undiscoverable(f"does something to the image or the target the placeholder cannot "
-                                          f"stand for (index {i}: {type(e).__name__}: {e})") from None
-                path, found, image, target = _check_joint(i, calls, recorder, out, pixels=i < 64 or i % 997 == 0)
-                if shape is not None and found != shape:
-                    raise _Undiscoverable(f"calls self.transforms or returns its output otherwise for index {i} "
-                                          "than for index 0")
-                shape = found
+                path, found, image, target, out, as_is = _probe_joint(getitem, probe, recorder, calls, i)
                 paths.append(path)
-                more = more or len(calls) > 1
                 targets.append(target)
                 templates.append(out)
-                plain = plain and not shape.one and same(out, recorder.returned[0])
+                if found is None:  # a bad file: reading the sample names it (or skips it)
+                    bad.add(i)
+                    continue
+                if shape is not None and found != shape:
+                    raise _Undiscoverable(f"calls self.transforms or returns its output otherwise for index {i} "
+                                          "than for the first index")
                 read_as = None if isinstance(image, Image.Image) else \
                     "image" if isinstance(image, tv_tensors.Image) else "tensor"
-                if read and read_as != kind:
+                if shape is not None and read_as != kind:
                     raise _Undiscoverable(f"hands self.transforms its image as a {type(image).__name__} for index "
                                           f"{i} and otherwise for the first index")
-                kind = read_as
-                read += 1
+                shape, kind = found, read_as
+                more = more or len(calls) > 1
+                plain = plain and as_is
         if more:
             targets = None
-        if n and not read:
-            raise _Undiscoverable("opens no file PIL can read")
         if n:
-            first = next(i for i in range(n) if i not in bad)
-            recorder.seen.clear()
-            real = getitem(probe, first)  # its real pixels (and files): the target must be the same
-            found = targets[first] if targets is not None else _rerun(probe, recorder, first, paths[first], shape)
-            if not same(split(recorder.seen[0], shape.image_at)[2], found) or not same(real, templates[first]):
-                raise _Undiscoverable("makes its target from the image's pixels (index 0 differs on a black image "
-                                      "of the same size)")
-            if _has_image(found):
-                raise _Undiscoverable("passes a second image in its target (a mask is a tv_tensors.Mask)")
+            _same_on_its_pixels(getitem, probe, recorder, [i for i in range(n) if i not in bad], paths, targets,
+                                templates, shape)
     except _Undiscoverable as e:
         raise NotCompilable(f"{name}.__getitem__ {e}", e.advice) from None
     if shape is None:
         shape = JointShape(False, (0,), (0,), None)
     return paths, targets, kind, dataclasses.replace(shape, templates=None if plain else templates, fine=fine)
+
+
+def _probe_joint(getitem, probe, recorder: JointRecorder, calls: list, i: int) -> tuple:
+    """Index ``i`` run by the sized probe: (its file, the ``JointShape`` of its call, the image and the target
+    the transform was given, what ``__getitem__`` returned, whether that is the transform's output as it is);
+    the file alone (the rest None) where PIL cannot open a file it opens."""
+    del calls[:]
+    recorder.seen.clear()
+    recorder.returned.clear()
+    try:
+        out = getitem(probe, i)
+    except (_Undiscoverable, NotJoint):
+        raise
+    except _Unreadable as e:
+        return calls[0] if calls else e.path, None, None, None, None, False
+    except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
+        raise _Undiscoverable(f"does something to the image or the target the placeholder cannot "
+                              f"stand for (index {i}: {type(e).__name__}: {e})") from None
+    path, found, image, target = _check_joint(i, calls, recorder, out, pixels=i < 64 or i % 997 == 0)
+    return path, found, image, target, out, not found.one and same(out, recorder.returned[0])
+
+
+def _same_on_its_pixels(getitem, probe, recorder: JointRecorder, good: list, paths: list, targets: Optional[list],
+                        templates: list, shape: "JointShape") -> None:
+    """The first index PIL can open run again on its real pixels (and files): its target and what
+    ``__getitem__`` returns must be what the black image gave, and its target must hold no second image."""
+    if not good:
+        raise _Undiscoverable("opens no file PIL can read")
+    first = good[0]
+    recorder.seen.clear()
+    real = getitem(probe, first)
+    found = targets[first] if targets is not None else _rerun(probe, recorder, first, paths[first], shape)
+    if not same(split(recorder.seen[0], shape.image_at)[2], found) or not same(real, templates[first]):
+        raise _Undiscoverable(f"makes its target from the image's pixels (index {first} differs on a black image "
+                              "of the same size)")
+    if _has_image(found):
+        raise _Undiscoverable("passes a second image in its target (a mask is a tv_tensors.Mask)")
 
 
 def _joint_probe(ds, fine: bool = False) -> tuple:
