@@ -136,7 +136,7 @@ class DataLoader(tud.DataLoader):
             num_threads=self.num_threads, num_workers=num_workers, prefetch_queue_depth=self.prefetch_queue_depth,
             collate=None if _is_default_collate(collate_fn) else collate_fn, batch_size=self.batch_size,
             batch_sampler=batch_sampler, pin_memory=pin_memory, timeout=timeout, drop_last=drop_last,
-            prepared=prepared), dataset)
+            prepared=prepared, persistent_workers=persistent_workers), dataset)
         fallback = self._backend.fallback()
         if fallback:
             warnings.warn(f"gputransforms: {fallback}; see DataLoader.explain()", FallbackWarning,

@@ -4,7 +4,8 @@
 - ``compiled``: the dataset's files through one DALI graph (``CompiledGraph``; video clips too, whose
   frames come from decoder processes in ``feed``);
 - ``arrays``: in-memory datasets, batched on the device (``DeviceArraysBackend``);
-- ``workers``: torch's own DataLoader and its worker processes, for what does not compile (``TorchWorkers``).
+- ``workers``: torch's own DataLoader and its worker processes, for what does not compile (``TorchWorkers``);
+- ``watch``: a backend of the first two, chosen again where the dataset's transforms changed between epochs.
 
 ``choose`` asks in order; the first backend that takes the dataset wins. A new kind of data is a new
 module here and one line in ``_CHOOSERS``.
@@ -19,7 +20,7 @@ import torch
 
 from ..datasets.sources import resolve
 from ..device import dali_available
-from . import arrays, compiled
+from . import arrays, compiled, watch
 from .base import Backend, EpochIterator, Sampling, Settings
 from .workers import TorchWorkers
 
@@ -43,10 +44,19 @@ _CHOOSERS = (_per_sample_items, arrays.choose, _without_dali, compiled.choose)
 
 
 def choose(settings: Settings, dataset) -> Backend:
-    """The first backend, in ``_CHOOSERS``' order, that takes ``dataset``. Choosing runs the user's code (the
-    dataset's ``__getitem__`` and its transform, to see what they do: ``datasets.discover``, the chains' probes);
-    torch's DataLoader draws nothing when it is built, so the generators that code may draw from are left as
-    they were found (``_random_state_kept``)."""
+    """The first backend, in ``_CHOOSERS``' order, that takes ``dataset``; one that makes its batches itself is
+    chosen again at an epoch's start where the dataset's transforms changed since (``watch``). Choosing runs
+    the user's code (the dataset's ``__getitem__`` and its transform, to see what they do:
+    ``datasets.discover``, the chains' probes); torch's DataLoader draws nothing when it is built, so the
+    generators that code may draw from are left as they were found (``_random_state_kept``)."""
+    backend = _chosen(settings, dataset)
+    if isinstance(backend, TorchWorkers):  # (torch's own iterator calls the transforms as they are)
+        return backend
+    return watch.Watched(backend, dataset, lambda: _chosen(settings, dataset),
+                         first_only=settings.persistent_workers and settings.num_workers > 0)
+
+
+def _chosen(settings: Settings, dataset) -> Backend:
     with _random_state_kept():
         for chooser in _CHOOSERS:
             backend = chooser(settings, dataset, resolve)

@@ -40,6 +40,7 @@ class Settings:
     timeout: float = 0
     drop_last: bool = False
     prepared: Any = None  # prepared.PreparedCopy, or None
+    persistent_workers: bool = False
 
 
 def _accelerator() -> bool:

@@ -1,0 +1,123 @@
+"""A dataset's transform changed between epochs (progressive resizing, an eval transform set on the training set)
+takes effect at the next epoch, as with torch's DataLoader, whose workers call the transform as it then is."""
+import os
+import warnings
+
+import pytest
+import torch
+import torch.utils.data as tud
+import torchvision
+from PIL import Image
+from torchvision.transforms import v2
+
+from gputransforms import DataLoader, FallbackWarning
+from gputransforms import transforms as T
+
+from conftest import DEVICES, abs_diff_stats
+from test_inmemory import fake
+
+TOL = {"cpu": 0.5, "gpu": 2.0}
+
+
+def _same(ours, theirs, device):
+    assert len(ours) == len(theirs)
+    for (x, y), (xt, yt) in zip(ours, theirs):
+        assert x.shape == xt.shape and torch.equal(y.cpu(), yt)
+        assert abs_diff_stats(x, xt)["mean"] < TOL[device] / (255 if xt.is_floating_point() else 1)
+
+
+def _epoch(loader):
+    return [(x, y) for x, y in loader]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_transform_replaced_or_changed_in_place_takes_effect_at_the_next_epoch(photo_folder, device):
+    """Progressive resizing, both ways users write it: the transform replaced, then a size changed in place.
+    Each epoch is torch's DataLoader's over the same dataset; the loader plans again only where it changed."""
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    ours = DataLoader(ds, batch_size=8, device=device)
+    theirs = tud.DataLoader(ds, batch_size=8)
+    _same(_epoch(ours), _epoch(theirs), device)
+    _same(_epoch(ours), _epoch(theirs), device)
+    assert ours._backend.planned_again == 0 and "planned again" not in ours.explain()
+    ds.transform = T.Compose([T.Resize((48, 40)), T.ToTensor()])
+    got = _epoch(ours)
+    assert got[0][0].shape[-2:] == (48, 40)
+    _same(got, _epoch(theirs), device)
+    ds.transform.transforms[0].size = (56, 56)
+    got = _epoch(ours)
+    assert got[0][0].shape[-2:] == (56, 56)
+    _same(got, _epoch(theirs), device)
+    assert ours._backend.planned_again == 2 and "planned again at 2 epoch start(s)" in ours.explain()
+    assert ours.backend == "dali"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_in_memory_dataset_and_a_subset_follow_their_transform(device):
+    """In-memory data (the arrays backend) and a Subset of it: a magnitude raised in place (a curriculum)."""
+    ds = fake(torchvision.datasets.CIFAR10, n=24, transform=v2.Compose([
+        v2.ToImage(), v2.Pad(2), v2.CenterCrop(30), v2.ToDtype(torch.float32, scale=True)]))
+    part = tud.Subset(ds, list(range(0, 24, 2)))
+    for data in (ds, part):
+        ours = DataLoader(data, batch_size=6, device=device)
+        theirs = tud.DataLoader(data, batch_size=6)
+        _same(_epoch(ours), _epoch(theirs), device)
+        ds.transform.transforms[1].padding = [6, 6, 6, 6]
+        ds.transform.transforms[2].size = [40, 40]
+        got = _epoch(ours)
+        assert got[0][0].shape[-2:] == (40, 40)
+        _same(got, _epoch(theirs), device)
+        ds.transform.transforms[1].padding, ds.transform.transforms[2].size = [2, 2, 2, 2], [30, 30]
+
+
+def test_a_change_to_a_transform_that_does_not_compile_says_so_and_runs_as_torchs(photo_folder):
+    """A Lambda on the PIL image cannot be lowered: the new plan runs it as written, and says so once."""
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    ours = DataLoader(ds, batch_size=8, device="cpu")
+    _epoch(ours)
+    ds.transform = T.Compose([T.Resize((32, 32)), T.Lambda(lambda im: im.rotate(90)), T.ToTensor()])
+    with pytest.warns(FallbackWarning, match="the dataset's transform changed since the last epoch"):
+        got = _epoch(ours)
+    _same(got, _epoch(tud.DataLoader(ds, batch_size=8)), "cpu")
+
+
+class _Own(tud.Dataset):
+    def __init__(self, root, transform):
+        self.files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        return self.transform(Image.open(self.files[i]).convert("RGB")), i
+
+
+def test_a_users_dataset_and_a_transform_unchanged_over_epochs(photo_folder):
+    """A Dataset of the user's own follows its transform too; with nothing changed the plan is kept, epoch after
+    epoch, for every kind of chain (the snapshot is of the settings, not of what a run leaves behind)."""
+    ds = _Own(photo_folder, T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToTensor()]))
+    ours = DataLoader(ds, batch_size=8, device="cpu", shuffle=True)
+    for _ in range(3):
+        _epoch(ours)
+    assert ours._backend.planned_again == 0
+    ds.transform = T.Compose([T.Resize((20, 20)), T.ToTensor()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        got = _epoch(ours)
+    assert ours._backend.planned_again == 1 and got[0][0].shape[-2:] == (20, 20)
+    assert sorted(int(i) for _, y in got for i in y) == list(range(len(ds)))
+
+
+def test_persistent_workers_keep_the_dataset_of_the_first_epoch_as_torchs_do(photo_folder):
+    """torch's persistent workers keep the copy of the dataset they were started with (at the first epoch):
+    a transform changed later is not seen there, and not here either; one changed before the first epoch is."""
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((32, 32)), T.ToTensor()]))
+    ours = DataLoader(ds, batch_size=8, device="cpu", num_workers=2, persistent_workers=True)
+    theirs = tud.DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
+    ds.transform.transforms[0].size = (24, 24)
+    sizes = []
+    for _ in range(2):
+        sizes.append((next(iter(ours))[0].shape[-1], next(iter(theirs))[0].shape[-1]))
+        ds.transform.transforms[0].size = (40, 40)
+    assert sizes == [(24, 24), (24, 24)]
