@@ -121,3 +121,32 @@ def test_persistent_workers_keep_the_dataset_of_the_first_epoch_as_torchs_do(pho
         sizes.append((next(iter(ours))[0].shape[-1], next(iter(theirs))[0].shape[-1]))
         ds.transform.transforms[0].size = (40, 40)
     assert sizes == [(24, 24), (24, 24)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_samples_relabelled_or_filtered_between_epochs_are_torchs(indexed_folder, device):
+    """Pseudo-labels written into an ImageFolder's samples, the samples filtered, a Subset's indices changed:
+    each next epoch is torch's DataLoader's (files and labels; the pixels name their file)."""
+    from conftest import decode_index
+
+    for subset in (False, True):
+        ds = torchvision.datasets.ImageFolder(str(indexed_folder),
+                                              transform=T.Compose([T.Resize((8, 8)), T.PILToTensor()]))
+        data = part = tud.Subset(ds, list(range(0, len(ds), 2))) if subset else ds
+        ours = DataLoader(data, batch_size=5, device=device)
+        theirs = tud.DataLoader(data, batch_size=5)
+
+        def epoch(loader):
+            return [(i, int(y)) for x, ys in loader for i, y in zip(decode_index(x)[0], ys.cpu())]
+
+        assert epoch(ours) == epoch(theirs)
+        ds.samples = [(p, (y + 1) % 3) for p, y in ds.samples]  # relabelled
+        ds.targets = [y for _, y in ds.samples]
+        assert epoch(ours) == epoch(theirs)
+        if subset:
+            part.indices = part.indices[::-1][:7]
+        else:
+            ds.samples, ds.targets = ds.samples[5:20], ds.targets[5:20]  # filtered
+        got = epoch(ours)
+        assert got == epoch(theirs) and len(got) == len(data)
+        assert ours._backend.planned_again == 2

@@ -6,8 +6,9 @@ between epochs takes effect at the next one: progressive resizing (``ds.transfor
 the training set. A compiled backend made its graph from the transforms as they were when it was chosen.
 ``Watched`` keeps a snapshot of what the plan was made from (``snapshot_of``: each transform the dataset
 holds, found through its attributes and its parts, by identity and, for torchvision's, timm's and our
-classes, by their settings) and at each ``iter()`` where it differs, chooses the backend again from the
-dataset as it is then (the old one's pipelines and read-ahead are dropped). What a change inside an epoch
+classes, by their settings; and the lists and arrays its samples were found from: an ImageFolder's
+``samples`` relabelled or filtered between epochs) and at each ``iter()`` where it differs, chooses the
+backend again from the dataset as it is then (the old one's pipelines and read-ahead are dropped). What a change inside an epoch
 does is not followed: the epoch goes on with the plan it started with. As with torch's DataLoader, a loader
 with ``persistent_workers=True`` and worker processes keeps the dataset as it was at its first epoch (torch's
 workers keep the copy they were started with).
@@ -64,7 +65,7 @@ class Watched(Backend):
         return self.inner.origin
 
     def iterator(self, sampling: Sampling, resume) -> EpochIterator:
-        if self.seen is not None and snapshot_of(self.dataset) != self.seen:
+        if self.seen is not None and _differs(snapshot_of(self.dataset), self.seen):
             self.inner.close()
             self.inner = self._choose()
             self.seen = snapshot_of(self.dataset)
@@ -94,9 +95,11 @@ class Watched(Backend):
 def snapshot_of(dataset) -> tuple:
     """What a plan made from ``dataset`` depends on, as comparable data: each callable attribute of the dataset
     and of its parts (a Subset's dataset, a ConcatDataset's datasets, torchvision's v2 wrapper's dataset), a
-    Hugging Face dataset's format transform, a webdataset pipeline's stages (``_snap``)."""
+    Hugging Face dataset's format transform, a webdataset pipeline's stages (``_snap``); and the data the
+    samples were found from: each list, tuple, dict or array attribute (an ImageFolder's ``samples`` and
+    ``targets`` relabelled or filtered between epochs, a Subset's ``indices``: ``_contents``)."""
     out: list = []
-    _walk(dataset, out, 0, set())
+    _walk(dataset, out, 0, set(), {})
     return tuple(out)
 
 
@@ -104,22 +107,60 @@ def _is_dataset(x) -> bool:
     return isinstance(x, (tud.Dataset, tud.IterableDataset)) or type(x).__module__.startswith("datasets.")
 
 
-def _walk(ds, out: list, depth: int, seen: set) -> None:
+def _walk(ds, out: list, depth: int, seen: set, contents: dict) -> None:
     if depth > 6 or id(ds) in seen:
         return
     seen.add(id(ds))
     for name, value in (getattr(ds, "__dict__", None) or {}).items():
         if _is_dataset(value):
-            _walk(value, out, depth + 1, seen)
+            _walk(value, out, depth + 1, seen, contents)
         elif isinstance(value, (list, tuple)) and value and len(value) <= 256 and _is_dataset(value[0]):
             for part in value:
-                _walk(part, out, depth + 1, seen)
+                _walk(part, out, depth + 1, seen, contents)
         elif name == "_format_kwargs" and isinstance(value, dict):  # a Hugging Face dataset's with_transform
             out.append((name, _snap(value.get("transform"), 0)))
         elif callable(value) and not isinstance(value, type):
             out.append((name, _snap(value, 0)))
         elif isinstance(value, list) and 0 < len(value) <= 64 and all(callable(v) for v in value):
             out.append((name, tuple(_snap(v, 0) for v in value)))  # (webdataset's pipeline of stages)
+        elif isinstance(value, (list, tuple, dict, range, np.ndarray, torch.Tensor)):
+            if id(value) not in contents:  # (an ImageFolder's ``imgs`` is its ``samples``)
+                contents[id(value)] = _contents(value)
+            out.append((name, contents[id(value)]))
+
+
+#: arrays up to this many bytes are compared by value at each epoch's start; larger ones (an in-memory
+#: dataset's images) by identity, shape and address
+_BY_VALUE = 4 << 20
+
+
+def _contents(x):
+    """A list's, tuple's, dict's or array's contents, comparable: a hash of its items where they hash (a list of
+    1.3 million (path, label) pairs in about 0.1 s, nothing kept), else a shallow copy (compared item by item,
+    each by identity first)."""
+    if isinstance(x, range):
+        return ("range", x.start, x.stop, x.step)
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.numel() * x.element_size() > _BY_VALUE:
+            return ("tensor", id(x), x.data_ptr(), tuple(x.shape), str(x.dtype))
+        x = x.numpy(force=True)
+    if isinstance(x, np.ndarray):
+        if x.nbytes > _BY_VALUE or x.dtype == object:
+            return ("array", id(x), x.__array_interface__["data"][0], x.shape, str(x.dtype))
+        return ("array", x.shape, str(x.dtype), x.tobytes())
+    items = tuple(x.items()) if isinstance(x, dict) else tuple(x)
+    try:
+        return (type(x).__name__, len(items), hash(items))
+    except TypeError:  # (unhashable items: lists, dicts, arrays)
+        return (type(x).__name__, items)
+
+
+def _differs(a, b) -> bool:
+    """Whether two snapshots differ (a comparison that cannot be made, an array against another, counts)."""
+    try:
+        return bool(a != b)
+    except Exception:  # noqa: BLE001 - items whose == gives no truth value
+        return True
 
 
 def _snap(x, depth: int):
