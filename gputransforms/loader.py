@@ -184,7 +184,8 @@ class DataLoader(tud.DataLoader):
             self._warned_unsharded = True
             warnings.warn(text, UnshardedWarning, stacklevel=2)
         resume, self._resume = self._resume, None
-        sampling = backends.Sampling(self._index_sampler, self.generator, self.__len__, self._torch_iter)
+        sampling = backends.Sampling(self._index_sampler, self.generator, self.__len__, self._torch_iter,
+                                     None if _is_default_collate(self.collate_fn) else self.collate_fn)
         it = self._backend.iterator(sampling, resume)
         self.skipped = it.skipped
         self._last_iter = weakref.ref(it)

@@ -150,3 +150,22 @@ def test_samples_relabelled_or_filtered_between_epochs_are_torchs(indexed_folder
         got = epoch(ours)
         assert got == epoch(theirs) and len(got) == len(data)
         assert ours._backend.planned_again == 2
+
+
+def test_a_collate_fn_set_on_the_loader_takes_effect_at_the_next_epoch(photo_folder):
+    """torch's iterator takes the loader's collate_fn as it is when the iterator is made (mixup turned off for
+    the last epochs by setting ``loader.collate_fn``); so does ours."""
+    from torch.utils.data import default_collate
+
+    def shifted(batch):
+        x, y = default_collate(batch)
+        return x, y + 100
+
+    ds = torchvision.datasets.ImageFolder(str(photo_folder), transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    for loader in (DataLoader(ds, batch_size=6, device="cpu"), tud.DataLoader(ds, batch_size=6)):
+        labels = [next(iter(loader))[1].tolist()]
+        loader.collate_fn = shifted
+        labels.append(next(iter(loader))[1].tolist())
+        loader.collate_fn = default_collate
+        labels.append(next(iter(loader))[1].tolist())
+        assert labels == [[0] * 6, [100] * 6, [0] * 6]

@@ -52,7 +52,7 @@ def choose(settings: Settings, dataset) -> Backend:
     backend = _chosen(settings, dataset)
     if isinstance(backend, TorchWorkers):  # (torch's own iterator calls the transforms as they are)
         return backend
-    return watch.Watched(backend, dataset, lambda: _chosen(settings, dataset),
+    return watch.Watched(backend, dataset, settings, lambda s: _chosen(s, dataset),
                          first_only=settings.persistent_workers and settings.num_workers > 0)
 
 

@@ -78,12 +78,15 @@ class Sampling:
     """One epoch's sampling, as the face hands it to a backend: torch's index sampler (iterated as
     torch's iterator iterates it), the loader's generator, its ``len()`` (a function: an iterable dataset
     may have none) and ``torch_iter(pin=False)``, torch's own iterator over the loader (the torchvision
-    backend's); ``pin``: its batches pinned in torch's pin-memory thread whatever the loader's ``pin_memory``."""
+    backend's); ``pin``: its batches pinned in torch's pin-memory thread whatever the loader's ``pin_memory``.
+    ``collate``: the loader's ``collate_fn`` as it is now (None: torch's default), which torch's iterator reads
+    when it is made."""
 
     index_sampler: Any
     generator: Optional[torch.Generator]
     length: Callable[[], int]
     torch_iter: Callable
+    collate: Optional[Callable] = None
 
 
 class EpochIterator:

@@ -86,7 +86,7 @@ class CompiledGraph(Backend):
         order = getattr(self.files, "epoch_order", None)
         if order is not None:  # samples that keep their own order (tar shards: the sampler is torch's endless one)
             own = order(self.settings.batch_size, self.settings.drop_last, sampling.generator)
-            sampling = Sampling(own, sampling.generator, own.__len__, sampling.torch_iter)
+            sampling = Sampling(own, sampling.generator, own.__len__, sampling.torch_iter, sampling.collate)
         return CompiledIterator(self, sampling, resume)
 
     def explain(self) -> str:

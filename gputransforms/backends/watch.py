@@ -15,6 +15,7 @@ workers keep the copy they were started with).
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import types
@@ -26,7 +27,7 @@ import torch
 import torch.utils.data as tud
 
 from ..errors import FallbackWarning
-from .base import Backend, EpochIterator, Sampling
+from .base import Backend, EpochIterator, Sampling, Settings
 
 #: classes whose objects the plan reads the settings of (the rest, a user's own, by identity: they run as
 #: written, their changes with them)
@@ -34,11 +35,14 @@ _PLANNED = ("torchvision.", "timm.", "gputransforms.", "torch.nn.modules.contain
 
 
 class Watched(Backend):
-    """``inner``, made again by ``choose()`` at an ``iter()`` where the dataset's transforms changed since
-    (``first_only``: at the first ``iter()`` only, as torch's persistent workers see it)."""
+    """``inner``, made again by ``choose(settings)`` at an ``iter()`` where the dataset's transforms or data
+    changed since (``first_only``: at the first ``iter()`` only, as torch's persistent workers see it), or the
+    loader's ``collate_fn`` (torch's iterator takes the one set when it is made: mixup turned off for the last
+    epochs by setting ``loader.collate_fn``)."""
 
-    def __init__(self, inner: Backend, dataset, choose: Callable[[], Backend], first_only: bool = False):
-        self.inner, self.dataset, self._choose = inner, dataset, choose
+    def __init__(self, inner: Backend, dataset, settings: Settings, choose: Callable[[Settings], Backend],
+                 first_only: bool = False):
+        self.inner, self.dataset, self.settings, self._choose = inner, dataset, settings, choose
         self.seen: Optional[tuple] = snapshot_of(dataset)
         self.planned_again = 0
         self.first_only = first_only
@@ -65,14 +69,19 @@ class Watched(Backend):
         return self.inner.origin
 
     def iterator(self, sampling: Sampling, resume) -> EpochIterator:
-        if self.seen is not None and _differs(snapshot_of(self.dataset), self.seen):
+        if self.seen is None:  # (persistent workers, after their first epoch: they keep what they started with)
+            return self.inner.iterator(sampling, resume)
+        collate = sampling.collate != self.settings.collate
+        if collate or _differs(snapshot_of(self.dataset), self.seen):
+            self.settings = dataclasses.replace(self.settings, collate=sampling.collate)
             self.inner.close()
-            self.inner = self._choose()
+            self.inner = self._choose(self.settings)
             self.seen = snapshot_of(self.dataset)
             self.planned_again += 1
             fallback = self.inner.fallback()
             if fallback:
-                warnings.warn(f"gputransforms: the dataset's transform changed since the last epoch; {fallback}",
+                what = "the loader's collate_fn" if collate else "the dataset's transform"
+                warnings.warn(f"gputransforms: {what} changed since the last epoch; {fallback}",
                               FallbackWarning, stacklevel=3)
         if self.first_only:
             self.seen = None
@@ -81,8 +90,8 @@ class Watched(Backend):
     def explain(self) -> str:
         text = self.inner.explain()
         if self.planned_again:
-            text += (f"\n  (planned again at {self.planned_again} epoch start(s): the dataset's transform had changed "
-                     "since the plan was made)")
+            text += (f"\n  (planned again at {self.planned_again} epoch start(s): the dataset's transform, its data "
+                     "or the loader's collate_fn had changed since the plan was made)")
         return text
 
     def fallback(self) -> Optional[str]:
