@@ -254,3 +254,42 @@ def test_a_file_pil_cannot_open_is_named_or_skipped_not_a_fallback(coco, voc, tm
             loader = DataLoader(ds, device="cpu", on_error="skip", **kw)
             n = sum(len(b) if collate else len(b[0]) for b in loader)
         assert n == len(ds) - 1 and [s.path for s in loader.skipped] == [str(path)]
+
+
+class _MaskFromPixels(_Seg):
+    """Opens its mask, then keeps only the pixels where the image is bright: a target made from the image."""
+
+    def __getitem__(self, i):
+        img = Image.open(self.images[i]).convert("RGB")
+        mask = np.array(Image.open(self.masks[i])) * (np.asarray(img).mean(-1) > 100)
+        return self.transforms(img, tv_tensors.Mask(torch.from_numpy(mask.astype(np.uint8))))
+
+
+def test_a_target_made_from_the_pixels_beside_a_mask_file_is_seen(voc):
+    """Where __getitem__ opens a mask too, its targets are made again per sample (the image black): the check
+    on the real pixels compared that re-run with itself, and such a Dataset compiled with black-image targets.
+    It now runs on torch's DataLoader, with the reason."""
+    ds = _MaskFromPixels(voc, v2.Compose([v2.ToImage(), v2.Resize((40, 40))]))
+    with pytest.warns(FallbackWarning, match="makes its target from the image's pixels"):
+        loader = DataLoader(ds, batch_size=4, device="cpu")
+    assert loader.backend == "torchvision"
+
+
+def test_a_first_file_that_fails_to_decode_is_named_when_read_not_when_the_loader_is_made(coco, tmp_path):
+    """The check on the real pixels decodes the first file: a truncated one (its header intact) raised PIL's
+    OSError from DataLoader(...), where torch's loader raises only when the sample is read. The check now
+    takes the next file; the sample is named when read, or skipped."""
+    det = DictSample(coco, DETECTION)
+    data = Path(det.items[0][0]).read_bytes()
+    bad = tmp_path / "truncated.jpg"
+    bad.write_bytes(data[:len(data) // 3])
+    det.items[0] = (str(bad),) + det.items[0][1:]
+    with pytest.raises(OSError):
+        list(tud.DataLoader(det, batch_size=4, collate_fn=_as_list))
+    loader = DataLoader(det, batch_size=4, collate_fn=_as_list, device="cpu")
+    assert loader.backend == "dali", loader.reason
+    with pytest.raises(BadSampleError, match="truncated.jpg"):
+        list(loader)
+    with pytest.warns(SkippedSamplesWarning):
+        assert sum(len(b) for b in DataLoader(det, batch_size=4, collate_fn=_as_list, device="cpu",
+                                              on_error="skip")) == len(det) - 1

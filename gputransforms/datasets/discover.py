@@ -762,19 +762,27 @@ def _probe_joint(getitem, probe, recorder: JointRecorder, calls: list, i: int) -
 
 def _same_on_its_pixels(getitem, probe, recorder: JointRecorder, good: list, paths: list, targets: Optional[list],
                         templates: list, shape: "JointShape") -> None:
-    """The first index PIL can open run again on its real pixels (and files): its target and what
-    ``__getitem__`` returns must be what the black image gave, and its target must hold no second image."""
-    if not good:
-        raise _Undiscoverable("opens no file PIL can read")
-    first = good[0]
-    recorder.seen.clear()
-    real = getitem(probe, first)
-    found = targets[first] if targets is not None else _rerun(probe, recorder, first, paths[first], shape)
-    if not same(split(recorder.seen[0], shape.image_at)[2], found) or not same(real, templates[first]):
-        raise _Undiscoverable(f"makes its target from the image's pixels (index {first} differs on a black image "
-                              "of the same size)")
-    if _has_image(found):
-        raise _Undiscoverable("passes a second image in its target (a mask is a tv_tensors.Mask)")
+    """The first index PIL can open and decode run again on its real pixels (and files): its target and what
+    ``__getitem__`` returns must be what the black image gave, and its target must hold no second image. (An
+    index whose file fails to decode is passed over: reading it raises the error naming it.)"""
+    for first in good[:8]:
+        recorder.seen.clear()
+        try:
+            real = getitem(probe, first)
+        except Exception:  # noqa: BLE001 - a file PIL cannot decode, met where the sample is read
+            continue
+        if len(recorder.seen) != 1:
+            raise _Undiscoverable(f"calls self.transforms otherwise on the real pixels of index {first}")
+        made = split(recorder.seen[0], shape.image_at)[2]
+        found = targets[first] if targets is not None else _rerun(probe, recorder, first, paths[first], shape)
+        if not same(made, found) or not same(real, templates[first]):
+            raise _Undiscoverable(f"makes its target from the image's pixels (index {first} differs on a black image "
+                                  "of the same size)")
+        if _has_image(found):
+            raise _Undiscoverable("passes a second image in its target (a mask is a tv_tensors.Mask)")
+        return
+    raise _Undiscoverable("opens no file PIL can read" if not good else
+                          f"fails on the real pixels of its first {min(len(good), 8)} files")
 
 
 def _joint_probe(ds, fine: bool = False) -> tuple:
