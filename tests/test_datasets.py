@@ -643,3 +643,27 @@ def test_same_tells_values_apart_where_reprs_agree():
     assert same(float("nan"), float("nan")) and not same(float("nan"), 1.0)
     assert same(torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]))
     assert not same(torch.tensor([float("nan"), 1.0]), torch.tensor([1.0, float("nan")]))
+
+
+@pytest.mark.parametrize("where", [0, -1])
+def test_a_bad_first_or_last_file_of_a_users_dataset_is_named_not_a_fallback(flat_folder, tmp_path, where):
+    """The first and last indices run again on black images of their files' sizes (the check that the target
+    is not made from the image): a file whose header PIL cannot read there sent the whole Dataset to torch's
+    DataLoader, as 'made from the image or at random'. It is passed over for its neighbour; the loop names
+    it (torch's raises PIL's OSError), or skips it."""
+    from gputransforms import BadSampleError, SkippedSamplesWarning
+
+    mine = TutorialDataset(flat_folder / "images", flat_folder / "labels.txt", TF)
+    bad = tmp_path / "garbage.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0" + b"not a jpeg" * 20)
+    mine.rows[where] = [str(bad)] + mine.rows[where][1:]
+    with pytest.raises(OSError):
+        list(tud.DataLoader(mine, batch_size=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        loader = DataLoader(mine, batch_size=4, device="cpu")
+    assert loader.backend == "dali", loader.reason
+    with pytest.raises(BadSampleError, match="garbage.jpg"):
+        list(loader)
+    with pytest.warns(SkippedSamplesWarning):
+        assert sum(len(y) for _, y in DataLoader(mine, batch_size=4, device="cpu", on_error="skip")) == len(mine) - 1

@@ -398,20 +398,30 @@ def discover(ds):
 def _made_without_the_image(probe, getitem, recorder: "Recorder", targets: list, places: list, attr: str) -> None:
     """What ``__getitem__`` returns beside the transformed image must not depend on the image (its size, its
     pixels: ``img.size`` as a target): the first and last indices run again on an image of the file's own size
-    (black), and the rest must be what the placeholder gave."""
-    for i in sorted({0, len(targets) - 1} if targets else ()):
-        recorder.seen.clear()
-        with _intercept(sized=True):
-            try:
-                out = getitem(probe, i)
-            except Exception:  # noqa: BLE001 - it depends on the image's pixels
-                out = None
-        pair, at = places[i]
-        at_now = place_of(out, recorder) if out is not None else None
-        if at_now != at or not same(out[1] if pair else put(out, at, 0), targets[i]):
-            raise _Undiscoverable(f"makes part of what it returns beside self.{attr} from the image or at random "
-                                  f"(index {i} gave other values when run again on an image of the file's own "
-                                  "size: img.size as a target, or a random draw)")
+    (black), and the rest must be what the placeholder gave. A file whose header PIL cannot read is passed
+    over for its neighbour (up to 8 on each side): reading it raises the error naming it."""
+    n = len(targets)
+    for ends in (range(0, min(n, 8)), range(n - 1, max(n - 9, -1), -1)) if n else ():
+        for i in ends:
+            recorder.seen.clear()
+            with _intercept(sized=True):
+                try:
+                    out = getitem(probe, i)
+                except _Unreadable:
+                    continue
+                except Exception:  # noqa: BLE001 - it depends on the image's pixels
+                    out = None
+            _same_beside_the_image(i, out, recorder, targets, places, attr)
+            break
+
+
+def _same_beside_the_image(i: int, out, recorder: "Recorder", targets: list, places: list, attr: str) -> None:
+    pair, at = places[i]
+    at_now = place_of(out, recorder) if out is not None else None
+    if at_now != at or not same(out[1] if pair else put(out, at, 0), targets[i]):
+        raise _Undiscoverable(f"makes part of what it returns beside self.{attr} from the image or at random "
+                              f"(index {i} gave other values when run again on an image of the file's own "
+                              "size: img.size as a target, or a random draw)")
 
 
 def first_not_rgb(images) -> Optional[tuple]:
