@@ -169,3 +169,38 @@ def test_a_collate_fn_set_on_the_loader_takes_effect_at_the_next_epoch(photo_fol
         loader.collate_fn = default_collate
         labels.append(next(iter(loader))[1].tolist())
         assert labels == [[0] * 6, [100] * 6, [0] * 6]
+
+
+CHAIN = T.Compose([T.Resize((16, 16)), T.ToTensor()])
+
+
+def _format(batch):
+    """A Hugging Face format transform that reads its chain by its global name, in a comprehension."""
+    batch["pixel_values"] = [CHAIN(im.convert("RGB")) for im in batch["image"]]
+    del batch["image"]
+    return batch
+
+
+def test_a_hugging_face_format_transform_and_the_chain_it_reads_are_followed(photo_folder):
+    """A table of its image column alone (which raised IndexError when the loader was made), its format
+    transform's chain changed in place (found through the function's global names, in a comprehension), then
+    a new format transform set."""
+    hfd = pytest.importorskip("datasets")
+    files = sorted(str(p) for p in photo_folder.rglob("*") if p.is_file())[:12]
+    table = hfd.Dataset.from_dict({"image": files}).cast_column("image", hfd.Image()).with_transform(_format)
+    ours = DataLoader(table, batch_size=4, device="cpu")
+    assert ours.backend == "dali", ours.reason
+    sizes = [next(iter(ours))["pixel_values"].shape[-1]]
+    CHAIN.transforms[0].size = (24, 24)  # the chain the function reads, changed in place
+    sizes.append(next(iter(ours))["pixel_values"].shape[-1])
+
+    def other(batch):
+        batch["pixel_values"] = [T.functional.to_tensor(im.convert("RGB").resize((8, 8))) for im in batch["image"]]
+        del batch["image"]
+        return batch
+
+    table.set_transform(other)  # (in place: a new format transform, one that does not compile)
+    with pytest.warns(FallbackWarning, match="transform changed since the last epoch"):
+        sizes.append(next(iter(ours))["pixel_values"].shape[-1])
+    CHAIN.transforms[0].size = (16, 16)
+    assert sizes == [16, 24, 8]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from ..datasets.hf import global_names
 from ..errors import FallbackWarning
 from .base import Backend, EpochIterator, Sampling, Settings
 
@@ -191,7 +192,7 @@ def _snap(x, depth: int):
         return ("partial", _snap(x.func, depth + 1), _snap(x.args, depth + 1), _snap(x.keywords, depth + 1))
     if isinstance(x, types.FunctionType):
         cells = tuple(_snap(c.cell_contents, depth + 1) for c in (x.__closure__ or ()) if _filled(c))
-        named = tuple(_snap(x.__globals__[n], depth + 1) for n in x.__code__.co_names
+        named = tuple(_snap(x.__globals__[n], depth + 1) for n in sorted(global_names(x.__code__))
                       if _planned(x.__globals__.get(n)))  # a transform the function reads by its global name
         return ("function", id(x), cells, named, _snap(x.__defaults__, depth + 1))
     if _planned(x):

@@ -46,12 +46,12 @@ def is_hf_dataset(dataset) -> bool:
     return mod is not None and isinstance(dataset, mod.Dataset)
 
 
-def _names(code) -> set:
+def global_names(code) -> set:
     """Global names a function's code (its comprehensions and nested functions too) looks up."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names |= _names(c)
+            names |= global_names(c)
     return names
 
 
@@ -83,7 +83,7 @@ def _slots(fn) -> list:
         if is_transform(value):
             slots.append((lambda k=k: fn.__kwdefaults__[k], lambda v, k=k: fn.__kwdefaults__.__setitem__(k, v)))
     g = getattr(fn, "__globals__", {})
-    for name in sorted(_names(fn.__code__)):
+    for name in sorted(global_names(fn.__code__)):
         if name in g and is_transform(g[name]):
             slots.append((lambda n=name: g[n], lambda v, n=name: g.__setitem__(n, v)))
     for cell in fn.__closure__ or ():
@@ -367,7 +367,8 @@ def resolve_hf(ds) -> HFSamples:
     wanted = fmt.get("columns") or list(ds.features)
     plain = ds.with_format(None)
     others = [c for c in wanted if c != column]
-    first = {c: v for c, v in plain.select_columns(others)[0].items()} if len(ds) else {}
+    # (a table of the image column alone: a table of no columns has no rows to index)
+    first = {c: v for c, v in plain.select_columns(others)[0].items()} if len(ds) and others else {}
     first[column] = None
     fn = fmt["format_kwargs"]["transform"]
     chain, key, mapping, order, unconverted = _probe(fn, {c: first[c] for c in wanted}, column)
