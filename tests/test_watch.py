@@ -204,3 +204,25 @@ def test_a_hugging_face_format_transform_and_the_chain_it_reads_are_followed(pho
         sizes.append(next(iter(ours))["pixel_values"].shape[-1])
     CHAIN.transforms[0].size = (16, 16)
     assert sizes == [16, 24, 8]
+
+
+class _Growing(_Own):
+    """A length from a number of its own (samples let in as a curriculum goes on)."""
+
+    def __init__(self, root, transform, n):
+        super().__init__(root, transform)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def test_a_dataset_whose_length_changed_is_read_as_it_is(photo_folder):
+    """A length that grew between epochs, by a number the snapshot does not compare: the next epoch raised
+    IndexError (samples beyond those found when the loader was made); the length itself is compared too."""
+    ds = _Growing(photo_folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]), 8)
+    ours, theirs = DataLoader(ds, batch_size=4, device="cpu"), tud.DataLoader(ds, batch_size=4)
+    assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    ds.n = 14
+    assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs]
+    assert sum(len(y) for _, y in ours) == 14

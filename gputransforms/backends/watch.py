@@ -109,6 +109,10 @@ def snapshot_of(dataset) -> tuple:
     samples were found from: each list, tuple, dict or array attribute (an ImageFolder's ``samples`` and
     ``targets`` relabelled or filtered between epochs, a Subset's ``indices``: ``_contents``)."""
     out: list = []
+    try:
+        out.append(("len", len(dataset)))  # (a length that changed: samples added or dropped, however)
+    except TypeError:  # (an iterable dataset)
+        pass
     _walk(dataset, out, 0, set(), {})
     return tuple(out)
 
