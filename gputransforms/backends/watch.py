@@ -1,17 +1,18 @@
-"""The dataset's transforms as they stand at each epoch.
+"""The dataset's transforms and data as they stand at each epoch.
 
 torch's DataLoader calls the dataset's transform as it is when a sample is read, so code that changes it
 between epochs takes effect at the next one: progressive resizing (``ds.transform = bigger`` or
 ``ds.transform.transforms[0].size = 192``), a curriculum that raises a magnitude, an eval transform set on
-the training set. A compiled backend made its graph from the transforms as they were when it was chosen.
-``Watched`` keeps a snapshot of what the plan was made from (``snapshot_of``: each transform the dataset
-holds, found through its attributes and its parts, by identity and, for torchvision's, timm's and our
-classes, by their settings; and the lists and arrays its samples were found from: an ImageFolder's
-``samples`` relabelled or filtered between epochs) and at each ``iter()`` where it differs, chooses the
-backend again from the dataset as it is then (the old one's pipelines and read-ahead are dropped). What a change inside an epoch
-does is not followed: the epoch goes on with the plan it started with. As with torch's DataLoader, a loader
-with ``persistent_workers=True`` and worker processes keeps the dataset as it was at its first epoch (torch's
-workers keep the copy they were started with).
+the training set, pseudo-labels written into an ImageFolder's ``samples``, a collate_fn set on the loader.
+A compiled backend made its graph from all that as it was when it was chosen. ``Watched`` keeps a snapshot
+of what the plan was made from (``snapshot_of``: the dataset's length; each transform it holds, found
+through its attributes and its parts, by identity and, for torchvision's, timm's and our classes, by their
+settings; the lists and arrays its samples were found from) and at each ``iter()`` where it (or the
+loader's collate_fn) differs, chooses the backend again from the dataset as it is then (the old one's
+pipelines and read-ahead are dropped). A change inside an epoch waits for the next one: the epoch goes on
+with the plan it started with. As with torch's DataLoader, a loader with ``persistent_workers=True`` and
+worker processes keeps the dataset as it was at its first epoch (torch's workers keep the copy they were
+started with).
 """
 from __future__ import annotations
 
@@ -185,7 +186,8 @@ def _snap(x, depth: int):
     if x is None or isinstance(x, (bool, int, float, complex, str, bytes, enum.Enum, torch.dtype)):
         return x
     if isinstance(x, torch.Tensor):  # (a large one by identity)
-        return ("tensor", str(x.dtype), tuple(x.shape), tuple(x.detach().flatten().tolist()) if x.numel() <= 64 else id(x))
+        values = tuple(x.detach().flatten().tolist()) if x.numel() <= 64 else id(x)
+        return ("tensor", str(x.dtype), tuple(x.shape), values)
     if isinstance(x, np.ndarray):
         return ("array", str(x.dtype), x.shape, tuple(x.ravel().tolist()) if x.size <= 64 else id(x))
     if isinstance(x, (list, tuple)):

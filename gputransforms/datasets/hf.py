@@ -125,8 +125,8 @@ def _probe(fn, row: dict, column: str):
         except JointCall:
             raise NotCompilable(f"the format transform {name} calls its transform with the image and a target (a "
                                 "joint transform: detection and segmentation rows of a Hugging Face dataset are not "
-                                "compiled)", "to compile it, give the images as files: CocoDetection, VOC, or a Dataset of your own "
-                                "that opens them (docs/datasets.md)") from None
+                                "compiled)", "to compile it, give the images as files: CocoDetection, VOC, or a "
+                                "Dataset of your own that opens them (docs/datasets.md)") from None
         except Exception as e:  # noqa: BLE001 - what it does to an image needs a real one
             raise NotCompilable(f"the format transform {name} does something to the image before or after "
                                 f"its transform (on a placeholder: {type(e).__name__}: {e})", _ADVICE) from None
