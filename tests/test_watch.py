@@ -76,7 +76,7 @@ def test_a_change_to_a_transform_that_does_not_compile_says_so_and_runs_as_torch
     ours = DataLoader(ds, batch_size=8, device="cpu")
     _epoch(ours)
     ds.transform = T.Compose([T.Resize((32, 32)), T.Lambda(lambda im: im.rotate(90)), T.ToTensor()])
-    with pytest.warns(FallbackWarning, match="the dataset's transform changed since the last epoch"):
+    with pytest.warns(FallbackWarning, match="the dataset's transform or data changed since the last epoch"):
         got = _epoch(ours)
     _same(got, _epoch(tud.DataLoader(ds, batch_size=8)), "cpu")
 
@@ -200,7 +200,7 @@ def test_a_hugging_face_format_transform_and_the_chain_it_reads_are_followed(pho
         return batch
 
     table.set_transform(other)  # (in place: a new format transform, one that does not compile)
-    with pytest.warns(FallbackWarning, match="transform changed since the last epoch"):
+    with pytest.warns(FallbackWarning, match="transform or data changed since the last epoch"):
         sizes.append(next(iter(ours))["pixel_values"].shape[-1])
     CHAIN.transforms[0].size = (16, 16)
     assert sizes == [16, 24, 8]

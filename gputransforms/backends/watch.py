@@ -82,7 +82,7 @@ class Watched(Backend):
             self.planned_again += 1
             fallback = self.inner.fallback()
             if fallback:
-                what = "the loader's collate_fn" if collate else "the dataset's transform"
+                what = "the loader's collate_fn" if collate else "the dataset's transform or data"
                 warnings.warn(f"gputransforms: {what} changed since the last epoch; {fallback}",
                               FallbackWarning, stacklevel=3)
         if self.first_only:
