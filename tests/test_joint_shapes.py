@@ -18,6 +18,8 @@ from torchvision.transforms import v2
 
 from gputransforms import BadSampleError, DataLoader, FallbackWarning, SkippedSamplesWarning, sampledata
 
+from test_detection import UserSegmentation
+
 pytest.importorskip("pycocotools")
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)]
@@ -91,16 +93,9 @@ class ReadsTheBoxes(DictSample):
         return out["image"], {"boxes": out["boxes"], "n": len(out["boxes"])}
 
 
-class _Seg(tud.Dataset):
-    def __init__(self, voc, transforms):
-        base = Path(voc) / "VOCdevkit" / "VOC2012"
-        names = (base / "ImageSets" / "Segmentation" / "train.txt").read_text().split()
-        self.images = [base / "JPEGImages" / f"{n}.jpg" for n in names]
-        self.masks = [base / "SegmentationClass" / f"{n}.png" for n in names]
-        self.transforms = transforms
-
-    def __len__(self):
-        return len(self.images)
+class _Seg(UserSegmentation):
+    """The VOC layout's images and masks, as test_detection's user Dataset finds them; ``__getitem__`` per
+    subclass."""
 
 
 class SegDict(_Seg):
