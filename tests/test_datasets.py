@@ -667,3 +667,42 @@ def test_a_bad_first_or_last_file_of_a_users_dataset_is_named_not_a_fallback(fla
         list(loader)
     with pytest.warns(SkippedSamplesWarning):
         assert sum(len(y) for _, y in DataLoader(mine, batch_size=4, device="cpu", on_error="skip")) == len(mine) - 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_oxford_pet_wrapped_for_v2_moves_its_trimaps_with_the_image(tmp_path, device):
+    """OxfordIIITPet with its trimaps, wrapped for torchvision's v2 transforms (the trimap a tv_tensors.Mask, the
+    label beside it), a random joint chain: compiled as VOCSegmentation is (it ran on torch's DataLoader); from
+    one seed the same labels and masks as torch's DataLoader, exactly, images within the image path's parity;
+    with 2 workers every sample once."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+
+    oxford_pet(tmp_path)
+    base = tmp_path / "oxford-iiit-pet"
+    rng = np.random.default_rng(7)
+    for name in [r.split()[0] for r in (base / "annotations" / "trainval.txt").read_text().split("\n") if r]:
+        with Image.open(base / "images" / f"{name}.jpg") as im:
+            w, h = im.size
+        (base / "annotations" / "trimaps").mkdir(exist_ok=True)
+        Image.fromarray(rng.integers(1, 4, (h, w)).astype(np.uint8)).save(base / "annotations" / "trimaps" / f"{name}.png")
+    chain = v2.Compose([v2.ToImage(), v2.RandomResize(40, 80), v2.RandomCrop(48, pad_if_needed=True, fill={
+                            tv_tensors.Mask: 255, "others": 0}), v2.RandomHorizontalFlip(),
+                        v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)])
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.OxfordIIITPet(
+        str(tmp_path), split="trainval", target_types=["category", "segmentation"], transforms=chain))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        loader = DataLoader(ds, batch_size=2, device=device)
+    assert loader.backend == "dali", loader.reason
+    torch.manual_seed(4)
+    ours = list(loader)
+    torch.manual_seed(4)
+    theirs = list(tud.DataLoader(ds, batch_size=2))
+    assert len(ours) == len(theirs) == 3
+    for (x, (label, mask)), (xt, (label_t, mask_t)) in zip(ours, theirs):
+        assert torch.equal(label.cpu(), label_t) and type(mask) is type(mask_t)
+        assert torch.equal(mask.cpu(), mask_t) and mask.shape[-2:] == (48, 48)
+        assert abs_diff_stats(x, xt)["mean"] < TOL[device] / 255
+    labels = [y for _, (ys, _) in DataLoader(ds, batch_size=2, device=device, num_workers=2, shuffle=True) for y in ys]
+    assert len(labels) == len(ds)

@@ -163,7 +163,9 @@ def _one_or_tuple(parts: list):
 def _oxford_pet(ds) -> FileSamples:
     if "segmentation" in ds._target_types:
         raise NotCompilable("OxfordIIITPet: target_type 'segmentation' is an image, which the graph does not carry",
-                            "to compile it, use target_type 'category' or 'binary-category'")
+                            "to compile it, wrap it for torchvision's v2 transforms (wrap_dataset_for_transforms_v2: "
+                            "the trimap becomes a tv_tensors.Mask, moved with the image by a joint transform), or use "
+                            "target_type 'category' or 'binary-category'")
     columns = {"category": ds._labels, "binary-category": getattr(ds, "_bin_labels", None)}
     return _from_rows(ds, ds._images,
                       [_one_or_tuple([columns[t][i] for t in ds._target_types]) for i in range(len(ds._images))])

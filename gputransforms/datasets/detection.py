@@ -66,10 +66,21 @@ def _voc_segmentation(inner) -> tuple:
     return list(inner.images), lambda k: Image.open(inner.masks[k])
 
 
+def _oxford_pet(inner) -> tuple:
+    """OxfordIIITPet's target as its ``__getitem__`` makes it: per target type the label, the binary label or
+    the trimap opened with PIL; one alone, several as a tuple, none as None."""
+    def raw(k):
+        target = [inner._labels[k] if kind == "category" else inner._bin_labels[k] if kind == "binary-category"
+                  else Image.open(inner._segs[k]) for kind in inner._target_types]
+        return None if not target else target[0] if len(target) == 1 else tuple(target)
+
+    return [str(p) for p in inner._images], raw
+
+
 #: the wrapped dataset classes, each: its image files, and its raw target by index (what its own
 #: __getitem__ reads besides the image; torchvision's wrapper then makes the tv_tensors)
 KINDS = {torchvision.datasets.CocoDetection: _coco, torchvision.datasets.VOCDetection: _voc_detection,
-         torchvision.datasets.VOCSegmentation: _voc_segmentation}
+         torchvision.datasets.VOCSegmentation: _voc_segmentation, torchvision.datasets.OxfordIIITPet: _oxford_pet}
 
 
 def _tensor(cls, array, attributes: dict) -> torch.Tensor:
