@@ -226,3 +226,26 @@ def test_a_dataset_whose_length_changed_is_read_as_it_is(photo_folder):
     ds.n = 14
     assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs]
     assert sum(len(y) for _, y in ours) == 14
+
+
+def test_a_webdataset_pipelines_chain_changed_in_place_is_followed(photo_folder, tmp_path):
+    """The chain a webdataset stage holds (``map_tuple(tf, ...)``), changed in place between epochs; a shuffled
+    pipeline left alone plans once over three epochs (its stages' own state is not compared)."""
+    wds = pytest.importorskip("webdataset")
+    from gputransforms import sampledata
+
+    shards = sampledata.write_shards(photo_folder, tmp_path / "shards", per_shard=8)
+    tf = T.Compose([T.Resize((16, 16)), T.ToTensor()])
+    ds = wds.WebDataset(shards, shardshuffle=False).decode("pil").to_tuple("jpg;png", "cls").map_tuple(tf, lambda y: y)
+    ours, theirs = DataLoader(ds, batch_size=4, device="cpu"), tud.DataLoader(ds, batch_size=4)
+    assert ours.backend == "dali", ours.reason
+    sizes = [(next(iter(ours))[0].shape[-1], next(iter(theirs))[0].shape[-1])]
+    tf.transforms[0].size = (24, 24)
+    sizes.append((next(iter(ours))[0].shape[-1], next(iter(theirs))[0].shape[-1]))
+    assert sizes == [(16, 16), (24, 24)]
+    shuffled = wds.WebDataset(shards, shardshuffle=100).shuffle(10).decode("pil").to_tuple("jpg;png", "cls").map_tuple(
+        tf, lambda y: y)
+    loader = DataLoader(shuffled, batch_size=4, device="cpu")
+    for _ in range(3):
+        assert sum(len(y) for _, y in loader) == sum(1 for p in photo_folder.rglob("*") if p.is_file())
+    assert loader._backend.planned_again == 0

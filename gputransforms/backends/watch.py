@@ -129,14 +129,14 @@ def _walk(ds, out: list, depth: int, seen: set, contents: dict) -> None:
     for name, value in (getattr(ds, "__dict__", None) or {}).items():
         if _is_dataset(value):
             _walk(value, out, depth + 1, seen, contents)
-        elif isinstance(value, (list, tuple)) and value and len(value) <= 256 and _is_dataset(value[0]):
+        elif isinstance(value, (list, tuple)) and value and len(value) <= 256 and all(_is_dataset(v) for v in value):
             for part in value:
                 _walk(part, out, depth + 1, seen, contents)
         elif name == "_format_kwargs" and isinstance(value, dict):  # a Hugging Face dataset's with_transform
             out.append((name, _snap(value.get("transform"), 0)))
         elif callable(value) and not isinstance(value, type):
             out.append((name, _snap(value, 0)))
-        elif isinstance(value, list) and 0 < len(value) <= 64 and all(callable(v) for v in value):
+        elif isinstance(value, list) and 0 < len(value) <= 64 and any(callable(v) for v in value):
             out.append((name, tuple(_snap(v, 0) for v in value)))  # (webdataset's pipeline of stages)
         elif isinstance(value, (list, tuple, dict, range, np.ndarray, torch.Tensor)):
             if id(value) not in contents:  # (an ImageFolder's ``imgs`` is its ``samples``)
@@ -196,6 +196,8 @@ def _snap(x, depth: int):
         return ("dict",) + tuple((repr(k), _snap(v, depth + 1)) for k, v in x.items())
     if isinstance(x, functools.partial):
         return ("partial", _snap(x.func, depth + 1), _snap(x.args, depth + 1), _snap(x.keywords, depth + 1))
+    if type(x).__name__ == "FilterFunction" and type(x).__module__.startswith("webdataset."):  # a pipeline stage
+        return ("stage", _snap(x.f, depth + 1), _snap(x.args, depth + 1), _snap(x.kw, depth + 1))
     if isinstance(x, types.FunctionType):
         cells = tuple(_snap(c.cell_contents, depth + 1) for c in (x.__closure__ or ()) if _filled(c))
         named = tuple(_snap(x.__globals__[n], depth + 1) for n in sorted(global_names(x.__code__))
