@@ -249,3 +249,31 @@ def test_a_webdataset_pipelines_chain_changed_in_place_is_followed(photo_folder,
     for _ in range(3):
         assert sum(len(y) for _, y in loader) == sum(1 for p in photo_folder.rglob("*") if p.is_file())
     assert loader._backend.planned_again == 0
+
+
+class _FromFrame(tud.Dataset):
+    """Files and labels in a pandas DataFrame, as many datasets keep them (read from a CSV)."""
+
+    def __init__(self, frame, transform):
+        self.df, self.transform = frame, transform
+
+    def __len__(self):
+        return len(self.df)
+
+    def __getitem__(self, i):
+        row = self.df.iloc[i]
+        return self.transform(Image.open(row["path"]).convert("RGB")), int(row["label"])
+
+
+def test_labels_changed_in_a_dataframe_are_followed(photo_folder):
+    pd = pytest.importorskip("pandas")
+    files = sorted(str(p) for p in photo_folder.rglob("*") if p.is_file())[:12]
+    ds = _FromFrame(pd.DataFrame({"path": files, "label": [i % 3 for i in range(len(files))]}),
+                    T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    ours, theirs = DataLoader(ds, batch_size=6, device="cpu"), tud.DataLoader(ds, batch_size=6)
+    assert ours.backend == "dali", ours.reason
+    assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs]
+    ds.df.loc[:, "label"] = 7  # relabelled in place
+    assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs] == [[7] * 6] * 2
+    ds.df = ds.df.iloc[::2]  # filtered
+    assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs] == [[7] * 6]

@@ -138,7 +138,7 @@ def _walk(ds, out: list, depth: int, seen: set, contents: dict) -> None:
             out.append((name, _snap(value, 0)))
         elif isinstance(value, list) and 0 < len(value) <= 64 and any(callable(v) for v in value):
             out.append((name, tuple(_snap(v, 0) for v in value)))  # (webdataset's pipeline of stages)
-        elif isinstance(value, (list, tuple, dict, range, np.ndarray, torch.Tensor)):
+        elif isinstance(value, (list, tuple, dict, range, np.ndarray, torch.Tensor)) or _is_pandas(value):
             if id(value) not in contents:  # (an ImageFolder's ``imgs`` is its ``samples``)
                 contents[id(value)] = _contents(value)
             out.append((name, contents[id(value)]))
@@ -155,6 +155,15 @@ def _contents(x):
     each by identity first)."""
     if isinstance(x, range):
         return ("range", x.start, x.stop, x.step)
+    if _is_pandas(x):  # (a DataFrame of files and labels, as many datasets keep them: hashed row by row)
+        import pandas
+
+        columns = tuple(map(str, getattr(x, "columns", ()))), tuple(map(str, getattr(x, "dtypes", ())))
+        try:
+            rows = pandas.util.hash_pandas_object(x, index=True).to_numpy()
+        except TypeError:  # (cells pandas cannot hash: lists, arrays)
+            return ("pandas", id(x), x.shape, columns)
+        return ("pandas", x.shape, columns, hash(rows.tobytes()))
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu" or x.numel() * x.element_size() > _BY_VALUE:
             return ("tensor", id(x), x.data_ptr(), tuple(x.shape), str(x.dtype))
@@ -168,6 +177,10 @@ def _contents(x):
         return (type(x).__name__, len(items), hash(items))
     except TypeError:  # (unhashable items: lists, dicts, arrays)
         return (type(x).__name__, items)
+
+
+def _is_pandas(x) -> bool:
+    return type(x).__name__ in ("DataFrame", "Series") and type(x).__module__.split(".")[0] == "pandas"
 
 
 def _differs(a, b) -> bool:
