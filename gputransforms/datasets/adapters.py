@@ -336,12 +336,9 @@ class ShapedSamples(FileSamples):
 
 
 def _fresh(x):
-    """``x`` with new dicts, lists and tuples all the way down (the values in them shared)."""
-    if type(x) is dict:
-        return {k: _fresh(v) for k, v in x.items()}
-    if type(x) in (list, tuple):
-        return type(x)(_fresh(v) for v in x)
-    return x
+    """``x`` with new dicts, lists and tuples all the way down (the values in them shared): ``discover.fill``
+    of a structure that holds no marker."""
+    return discover.fill(x, None)
 
 
 def same_chain(a, b) -> bool:

@@ -613,7 +613,8 @@ def get(x, at: tuple):
 
 def fill(template, out):
     """``template`` (what ``__getitem__`` returned around a ``JointRecorder``'s markers) with each ``Leaf`` the
-    value at its place in ``out`` (what the joint transform returned), in new tuples, lists and dicts."""
+    value at its place in ``out`` (what the joint transform returned), in new tuples, lists and dicts (without
+    markers: a fresh copy of its containers, the values in them shared)."""
     if type(template) is Leaf:
         return get(out, template.at)
     if type(template) in (tuple, list):
