@@ -261,7 +261,8 @@ class _Decoded(tud.Dataset):
         epoch, seq, chunk = item
         info = tud.get_worker_info()
         try:
-            out = [self._one(i) for i in chunk]
+            many = getattr(self.read, "many", None) if self.extras else None
+            out = self._many(chunk, many) if many is not None else [self._one(i) for i in chunk]
         except Exception:  # noqa: BLE001 - in a worker: raised in the main thread when its batch is next, as
             if info is None:  # torch's own worker loop wraps it (its chunk may come back before those ahead)
                 raise
@@ -269,6 +270,15 @@ class _Decoded(tud.Dataset):
         if self.rings and info is not None:
             out = self.rings.stash(info.id, epoch, out)
         return seq, out
+
+    def _many(self, chunk: list, many: Callable) -> list:
+        """The chunk's samples with seeds of their own read together (``many``, a recorded joint transform's
+        ``read.many``, given (index, seed[, True: its file decoded by PIL]): None for a sample it leaves), the
+        others one by one."""
+        seeded = [k for k, i in enumerate(chunk) if isinstance(i, tuple) and i[1] is not None]  # (index, seed[, pil])
+        got = dict(zip(seeded, many([chunk[k] for k in seeded]))) if seeded else {}
+        return [(chunk[k][0], tuple(got[k][0]), None, got[k][1]) if got.get(k) is not None else self._one(chunk[k])
+                for k in range(len(chunk))]
 
     def _one(self, i):
         pil = False

@@ -15,7 +15,9 @@ An ``Entry`` says, for one class:
 - ``forward``: while recorded, its ``forward`` is this exact, faster form of torchvision's own
   (``joint_forward``: the same steps on an (image, target dict) pair without the pytree);
 - ``chain``: its step in the one pass a v2 ``Compose`` of such steps is recorded in (``joint_chain``:
-  its forward restated on the sample's record and its boxes as NumPy; ``Compose``'s ``forward`` entry).
+  its forward restated on the sample's record and its boxes as NumPy; ``Compose``'s ``forward`` entry);
+- ``vector``: its step over a worker's chunk of samples recorded at once, each sample's draws from its own
+  seed (``joint_vector``: the parameters of the whole chunk at once, its boxes as one NumPy array).
 
 A class is looked up by its exact type. A user's subclass gets its base's entry only where its
 behaviour is provably the base's (``chain.user_override``: it overrides none of forward, __call__,
@@ -35,7 +37,7 @@ import torchvision.transforms.functional as F1
 from torchvision.transforms import v2 as tv2
 from torchvision.transforms.v2 import functional as F2
 
-from . import batched, joint_chain, joint_draws, joint_forward, lowerings, vectorized
+from . import batched, joint_chain, joint_draws, joint_forward, joint_vector, lowerings, vectorized
 from .chain import NotLowerable, Op, model_preprocessing, model_presets, overridden, steps_of, user_override
 
 
@@ -49,6 +51,7 @@ class Entry:
     draw: Optional[Callable[[Callable], Callable]] = None
     forward: Optional[Callable[[Callable], Callable]] = None
     chain: Optional[Callable] = None
+    vector: Optional[joint_vector.Vector] = None
 
 
 REGISTRY: dict[type, Entry] = {}
@@ -211,6 +214,8 @@ REGISTRY[tv2.RandomIoUCrop] = dataclasses.replace(REGISTRY[tv2.RandomIoUCrop], d
 REGISTRY[tv2.ScaleJitter] = dataclasses.replace(REGISTRY[tv2.ScaleJitter], draw=joint_draws.scale_jitter)
 for _cls, _step in joint_chain.steps().items():
     REGISTRY[_cls] = dataclasses.replace(REGISTRY[_cls], chain=_step)
+for _cls, _vec in joint_vector.steps().items():
+    REGISTRY[_cls] = dataclasses.replace(REGISTRY[_cls], vector=_vec)
 
 
 # torchvision's model preprocessing (``weights.transforms()``) inside a joint transform of the user's: recorded as the
@@ -223,6 +228,12 @@ def chain_of(cls: type) -> Optional[Callable]:
     """A class's step in a Compose recorded in one pass (its exact class's entry: a subclass has none)."""
     entry = REGISTRY.get(cls)
     return entry.chain if entry is not None else None
+
+
+def vector_of(cls: type) -> Optional[joint_vector.Vector]:
+    """A class's step over a chunk of samples recorded at once (its exact class's entry)."""
+    entry = REGISTRY.get(cls)
+    return entry.vector if entry is not None else None
 
 
 REGISTRY[tv2.Compose] = dataclasses.replace(

@@ -38,8 +38,8 @@ from torchvision import tv_tensors
 
 from .. import files
 from ..compiler import joint as recorded
-from ..compiler import joint_chain, joint_masks, joint_record
-from ..compiler.registry import chain_of, joint_ok
+from ..compiler import joint_chain, joint_masks, joint_record, joint_vector
+from ..compiler.registry import chain_of, joint_ok, vector_of
 from ..device import to_device
 from ..errors import NotCompilable, naming_sample
 from . import adapters, coco_targets, discover, pickled
@@ -143,6 +143,51 @@ def _raise_named(err: Exception, i: int, path: str):
     if named is None:
         raise err
     raise named from err
+
+
+def _chunk_reader(joint, kind: str, program, shape, paths: list, targets: list, target_of, gpu: bool,
+                  check_jpeg_scan: bool):
+    """A recorded reader's ``many``: a worker's chunk of (index, seed) recorded together (``joint_vector``)."""
+
+    def many(chunk: list) -> list:
+        """``read`` of each (index, seed[, True: its file decoded by PIL]) of a worker's chunk, recorded together
+        where ``joint_vector`` carries them, each from its seed; None for a sample it leaves (read one by one,
+        where its file or target is named if bad)."""
+        steps = joint_vector.plan(joint, vector_of)
+        if steps is None:
+            return [None] * len(chunk)
+        read_in = [_read_in(i, paths[i], targets[i], target_of, gpu, check_jpeg_scan, bool(pil))
+                   for i, _, *pil in chunk]
+        seeds = [item[1] for item, got in zip(chunk, read_in) if got is not None]
+        ok = [got for got in read_in if got is not None]
+        records = iter(joint_vector.record(steps, kind, [got[1] for got in ok], [got[2] for got in ok],
+                                           joint_vector.uniforms(seeds, sum(v.draws for _, v in steps))))
+        out: list = []
+        for (i, *_), got in zip(chunk, read_in):
+            done = next(records) if got is not None else None
+            row = program.row(done[0], got[1]) if done is not None else None
+            if row is None:
+                out.append(None)
+                continue
+            target = done[1] if shape is None else around(shape, targets[i], None, done[1])
+            out.append(((got[0], row), (done[2], _pickled(target))))
+        return out
+
+    return many
+
+
+def _read_in(i: int, path: str, k, target_of, gpu: bool, check_jpeg_scan: bool, pil: bool) -> Optional[tuple]:
+    """Sample ``i``'s encoded file (``pil``: decoded by PIL, losslessly for the graph), its size (h, w) and its
+    target before the transform; None where any of them fails (the sample is then read one by one, which names
+    it)."""
+    try:
+        data = files.read_sample(i, path)
+        encoded = files.bytes_decoded_by_pil(i, path, data) if pil else \
+            files.prepare_bytes(i, path, data, small_jpegs_via_pil=gpu, check_jpeg_scan=check_jpeg_scan)
+        img = files.pil_open(data, i, path)
+        return encoded, (img.height, img.width), target_of(k, img)
+    except Exception:  # noqa: BLE001 - named or raised as torchvision raises it when read one by one
+        return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -359,6 +404,7 @@ class DetectionSamples(FileSamples):
                 target = around(shape, k, None, target)
             return (encoded, row), (out_kind, _pickled(target))
 
+        read.many = _chunk_reader(joint, kind, program, shape, paths, targets, target_of, gpu, check_jpeg_scan)
         return read
 
     def target(self, i: int):
@@ -450,6 +496,11 @@ class DetectionSamples(FileSamples):
                 lines.append("  (in one pass: every step is a class the pass restates, its boxes moved as NumPy; a "
                              "sample whose target it does not carry, such as masks or float64 boxes, is recorded "
                              "step by step: compiler/joint_chain.py)")
+            if joint_vector.plan(self.joint, vector_of) is not None:
+                lines.append("  (with worker processes, each worker's chunk of samples at once: each sample's "
+                             "parameters from its own seed, with torchvision's distributions, and the chunk's boxes "
+                             "moved as one array; without workers, drawn from torch's RNG as torch's DataLoader "
+                             "draws them: compiler/joint_vector.py)")
             if self.lazy_masks and "Mask" in types:
                 lines.append("  (masks: recorded with the image, then each made in one gather of its source: every "
                              "crop, pad, flip and nearest resize at once, exactly torchvision's)")

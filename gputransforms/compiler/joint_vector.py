@@ -1,0 +1,467 @@
+"""A worker's chunk of detection samples recorded at once (the registry's ``vector`` entries).
+
+In torch's worker processes a recorded detection sample costs a worker CPU time, and on a host where the
+workers run beside DALI that time is what the graph loses (docs/performance.md): the one pass
+(``joint_chain``) still spends most of a sample's time on Python around a few numbers. A worker reads its
+samples in chunks of up to a batch (``backends/feed.py``), each sample with a seed of its own; where the
+joint transform is a v2 ``Compose`` of classes with a ``vector`` entry (the resizes, crops and flips of the
+detection references' ``hflip``, ``multiscale`` and ``lsj`` presets, and their tails) and every target is the
+common one (one float32 XYXY or XYWH ``BoundingBoxes``, plain tensors and values), the chunk is recorded here:
+
+- each sample's uniforms come from its own seed (``uniforms``: torch's CPU generator, seeded as the per-sample
+  path seeds it), so a sample's draws do not depend on the chunk it travels in; each class turns them into its
+  parameters with torchvision's distribution (``ScaleJitter``'s scale uniform in its range, ``RandomCrop``'s
+  offsets uniform over the positions, the flip's coin with its ``p``, ``RandomShortestSize``'s size uniform over
+  its list), not torchvision's stream of RNG calls;
+- the sizes, paddings and offsets are computed for the whole chunk at once, in the same arithmetic as
+  ``joint_draws`` (float32 where torchvision's draw is float32, Python's float64 where it is Python's);
+- the boxes of all the samples move as one NumPy array by torchvision's box kernels (``joint_chain``'s, with the
+  canvas of each box's sample): the same float32 operations in the same order, so the same values;
+- each sample's record is the one the one pass makes for those parameters (``joint_record.recorded_op``).
+
+A sample whose target or parameters the chunk does not carry (masks, another box type, a crop torchvision
+raises for, a labels key missing) is left out (``None``): the caller records it one by one from its seed,
+where torchvision's own error, if any, is raised. With no workers (no seeds) nothing here runs, and the samples
+draw from the process's RNG as torch's DataLoader's do. tests/test_joint_vector.py checks each chunk's records
+and targets against torchvision's forward run with the chunk's parameters, and the parameters' distributions
+against torchvision's own draws.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from torch.nn.modules import module as _nn_module
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2._utils import _find_labels_default_heuristic, _get_fill
+
+from . import joint_chain, joint_record
+
+_BBF = tv_tensors.BoundingBoxFormat
+_F32 = np.float32
+_F64 = np.float64
+
+#: whether chunks are recorded at once (off: one by one, for the tests that compare the two)
+ENABLED = [True]
+
+
+@dataclasses.dataclass(frozen=True)
+class Vector:
+    """A class's step over a chunk: ``step(t, chunk, u)`` with ``u`` its (n, ``draws``) uniforms in [0, 1)."""
+    step: Callable
+    draws: int = 0
+
+
+class _Chunk:
+    """The samples of a chunk between the steps: per sample its image's size, record, target and whether it
+    left; all boxes as one float32 array in sample order (``counts`` rows each) with each sample's canvas."""
+
+    def __init__(self, kind: str, sizes: np.ndarray, targets: list, box_key, first, likes: list):
+        n = len(targets)
+        self.kind, self.dtype = kind, torch.uint8
+        self.h, self.w = sizes[:, 0].copy(), sizes[:, 1].copy()
+        self.ops: list = [[] for _ in range(n)]
+        self.targets, self.box_key, self.likes = list(targets), box_key, likes
+        self.off = np.zeros(n, dtype=bool)
+        self.fmt = first.format
+        self.mode = getattr(first, "clamping_mode", "soft")
+        self.plain = False
+        self.counts = np.asarray([b.as_subclass(torch.Tensor).shape[0] for b in likes], dtype=np.int64)
+        self.boxes = np.concatenate([b.as_subclass(torch.Tensor).numpy() for b in likes]).astype(_F32, copy=True) \
+            if n else np.zeros((0, 4), _F32)
+        self.owner = np.repeat(np.arange(n), self.counts)
+        self.ch, self.cw = self.h.copy(), self.w.copy()  # each sample's boxes' canvas
+        self.params: Optional[list] = None  # each sample's parameters per step, where asked (the tests)
+
+    def record(self, functional, samples, kwargs_of: Callable, varying: Optional[Callable] = None,
+               after: Optional[Callable] = None) -> None:
+        """``functional`` recorded on each of ``samples`` (indices), with ``kwargs_of(j)``. Where the step says
+        which of them vary between samples (``varying(j)``: a size, a padding, an offset, which binding leaves as
+        they are) and the size each sample is left at (``after(j)``), the first sample's record is bound as the
+        recording binds it (defaults, PIL's own arguments) and the others take its arguments with theirs."""
+        first = None
+        for j in samples:
+            h, w = int(self.h[j]), int(self.w[j])
+            if first is None or varying is None:
+                op, shape, dtype = joint_record.recorded_op(functional, self.kind, (3, h, w), self.dtype, kwargs_of(j))
+                first = op
+                self.h[j], self.w[j] = int(shape[-2]), int(shape[-1])
+            else:
+                a = dict(first[1])
+                a.update(varying(j))
+                op = (first[0], a, (h, w))
+                self.h[j], self.w[j] = after(j)
+            self.ops[j].append(op)
+        if first is not None:
+            self.dtype = dtype
+
+    def moving_boxes(self) -> bool:
+        return not self.plain
+
+    def size_of(self, j: int) -> tuple:
+        return int(self.h[j]), int(self.w[j])
+
+    def keep(self, j: int, **params) -> None:
+        if self.params is not None:
+            self.params[j].append(params)
+
+    def live(self) -> np.ndarray:
+        return np.flatnonzero(~self.off)
+
+    def per_box(self, values: np.ndarray) -> np.ndarray:
+        """A per-sample array spread over the boxes."""
+        return values[self.owner]
+
+    def clamp(self) -> None:
+        """``_clamp_bounding_boxes`` of every box on its sample's canvas (``joint_chain._clamp``)."""
+        if self.mode is None:
+            return
+        bounds = np.stack([self.cw, self.ch, self.cw, self.ch], axis=1).astype(_F32)[self.owner]
+        b = joint_chain._to_xyxy(self.boxes, self.fmt)
+        np.clip(b, _F32(0), bounds, out=b)
+        self.boxes = joint_chain._from_xyxy(b, self.fmt)
+
+    def shift(self, dx: np.ndarray, dy: np.ndarray, sign: int) -> None:
+        """The boxes moved by each sample's (dx, dy) as torchvision's pad (+) and crop (-) kernels move them."""
+        zero = np.zeros_like(dx)
+        per = np.stack([dx, dy, dx, dy] if self.fmt == _BBF.XYXY else [dx, dy, zero, zero], axis=1).astype(_F32)
+        per = per[self.owner]
+        self.boxes = self.boxes + per if sign > 0 else self.boxes - per
+
+
+_NO_BOXES = torch.zeros(0, 4)  # (a sample the chunk does not carry: no rows)
+
+
+def _NOTHING(j: int) -> dict:
+    return {}
+
+
+class _Off(Exception):
+    """The whole chunk leaves: its samples are recorded one by one."""
+
+
+# --- the steps --------------------------------------------------------------------------------------------
+
+def _to_image(t, c: _Chunk, u) -> None:
+    if c.kind == "pil":
+        c.kind, c.dtype = "image", torch.uint8
+    elif c.kind == "tensor":
+        c.kind = "image"
+
+
+def _pil_to_tensor(t, c: _Chunk, u) -> None:
+    if c.kind == "pil":
+        c.kind, c.dtype = "tensor", torch.uint8
+
+
+def _to_dtype(t, c: _Chunk, u) -> None:
+    if not isinstance(t.dtype, torch.dtype):
+        raise _Off  # per-type dtypes
+    if c.kind != "pil":
+        c.record(F.to_dtype, c.live(), lambda j: dict(dtype=t.dtype, scale=t.scale), _NOTHING, c.size_of)
+
+
+def _to_pure_tensor(t, c: _Chunk, u) -> None:
+    if c.kind == "image":
+        c.kind = "tensor"
+    c.plain = True
+
+
+def _convert_format(t, c: _Chunk, u) -> None:
+    if not c.moving_boxes():
+        return
+    new = _BBF[t.format.upper()] if isinstance(t.format, str) else t.format
+    if new not in joint_chain._FORMATS:
+        raise _Off
+    if new != c.fmt:
+        c.boxes = joint_chain._from_xyxy(joint_chain._to_xyxy(c.boxes.copy(), c.fmt), new)
+        c.fmt = new
+
+
+def _scale_jitter(t, c: _Chunk, u) -> np.ndarray:
+    """``joint_draws.scale_jitter_size`` for every sample: the scale uniform in ``scale_range`` (float32)."""
+    lo, hi = t.scale_range
+    scale = _F32(lo) + u[:, 0].astype(_F32) * _F32(hi - lo)
+    r = np.minimum(t.target_size[1] / c.h.astype(_F64), t.target_size[0] / c.w.astype(_F64)).astype(_F32) * scale
+    return np.stack([(c.h.astype(_F32) * r).astype(np.int64), (c.w.astype(_F32) * r).astype(np.int64)], axis=1)
+
+
+def _shortest_size(t, c: _Chunk, u) -> np.ndarray:
+    """``joint_draws.random_shortest_size`` for every sample: the size uniform over ``min_size`` (float64)."""
+    sizes = np.asarray(t.min_size, dtype=np.int64)
+    pick = np.minimum((u[:, 0].astype(_F64) * len(sizes)).astype(np.int64), len(sizes) - 1)
+    h, w = c.h.astype(_F64), c.w.astype(_F64)
+    r = sizes[pick] / np.minimum(h, w)
+    if t.max_size is not None:
+        r = np.minimum(r, t.max_size / np.maximum(h, w))
+    return np.stack([(h * r).astype(np.int64), (w * r).astype(np.int64)], axis=1)
+
+
+def _resize_drawn(draw: Callable) -> Callable:
+    def step(t, c: _Chunk, u) -> None:
+        """A resize to the drawn size, with the class's interpolation (``joint_chain._resize_drawn``)."""
+        size = draw(t, c, u)
+        live = c.live()
+        oh, ow = c.ch.copy(), c.cw.copy()
+        sized = lambda j: dict(size=(int(size[j, 0]), int(size[j, 1])))  # noqa: E731
+        c.record(F.resize, live, lambda j: dict(sized(j), interpolation=t.interpolation, antialias=t.antialias),
+                 sized, lambda j: (int(size[j, 0]), int(size[j, 1])))
+        for j in live:
+            c.keep(j, size=(int(size[j, 0]), int(size[j, 1])))
+        if c.moving_boxes():  # ``resize_bounding_boxes``: the ratios of Python's quotients as float32
+            moved = np.zeros(len(oh), dtype=bool)
+            moved[live] = (size[live, 0] != oh[live]) | (size[live, 1] != ow[live])
+            rw = (size[:, 1] / ow.astype(_F64)).astype(_F32)
+            rh = (size[:, 0] / oh.astype(_F64)).astype(_F32)
+            ratios = np.where(moved[:, None], np.stack([rw, rh, rw, rh], axis=1), _F32(1)).astype(_F32)
+            rows = moved[c.owner]
+            c.boxes[rows] = c.boxes[rows] * ratios[c.owner[rows]]
+            c.ch[live], c.cw[live] = size[live, 0], size[live, 1]
+    return step
+
+
+def _random_crop(t, c: _Chunk, u) -> None:
+    """``joint_draws.random_crop_params`` for every sample, then the pad and the crop (``joint_chain._random_crop``):
+    the offsets uniform over the crop's positions."""
+    if t.padding_mode != "constant" and c.moving_boxes():
+        raise _Off  # torchvision's ValueError for boxes (its own forward raises it)
+    pl, pr, pt, pb = (t.padding[0], t.padding[1], t.padding[2], t.padding[3]) if t.padding is not None else (0, 0, 0, 0)
+    n = len(c.h)
+    pad_left, pad_right = np.full(n, pl, np.int64), np.full(n, pr, np.int64)
+    pad_top, pad_bottom = np.full(n, pt, np.int64), np.full(n, pb, np.int64)
+    ph, pw = c.h + pt + pb, c.w + pl + pr
+    crop_h, crop_w = t.size
+    if t.pad_if_needed:
+        dh, dw = np.maximum(crop_h - ph, 0), np.maximum(crop_w - pw, 0)
+        pad_top, pad_bottom, ph = pad_top + dh, pad_bottom + dh, ph + 2 * dh
+        pad_left, pad_right, pw = pad_left + dw, pad_right + dw, pw + 2 * dw
+    c.off |= (ph < crop_h) | (pw < crop_w)  # its ValueError: the sample goes one by one, where it is raised
+    top = np.where(ph > crop_h, (u[:, 0].astype(_F64) * np.maximum(ph - crop_h + 1, 1)).astype(np.int64), 0)
+    left = np.where(pw > crop_w, (u[:, 1].astype(_F64) * np.maximum(pw - crop_w + 1, 1)).astype(np.int64), 0)
+    live = c.live()
+    padded = live[(pad_left[live] | pad_right[live] | pad_top[live] | pad_bottom[live]) != 0]
+    cropped = live[(ph[live] > crop_h) | (pw[live] > crop_w)]
+    fill = _get_fill(t._fill, joint_record._KIND_CLASS[c.kind])
+    for j in live:
+        c.keep(j, needs_crop=bool(ph[j] > crop_h or pw[j] > crop_w), top=int(top[j]), left=int(left[j]),
+               height=crop_h, width=crop_w, needs_pad=bool(pad_left[j] or pad_top[j] or pad_right[j] or pad_bottom[j]),
+               padding=[int(pad_left[j]), int(pad_top[j]), int(pad_right[j]), int(pad_bottom[j])])
+    if len(padded):
+        padding = lambda j: dict(padding=[int(pad_left[j]), int(pad_top[j]), int(pad_right[j]),  # noqa: E731
+                                          int(pad_bottom[j])])
+        c.record(F.pad, padded, lambda j: dict(padding(j), fill=fill, padding_mode=t.padding_mode), padding,
+                 lambda j: (int(c.h[j] + pad_top[j] + pad_bottom[j]), int(c.w[j] + pad_left[j] + pad_right[j])))
+        if c.moving_boxes():
+            at = np.zeros(n, dtype=bool)
+            at[padded] = True
+            dx, dy = np.where(at, pad_left, 0), np.where(at, pad_top, 0)
+            c.ch[padded] += pad_top[padded] + pad_bottom[padded]
+            c.cw[padded] += pad_left[padded] + pad_right[padded]
+            _move_some(c, at, dx, dy, +1)
+    if len(cropped):
+        offsets = lambda j: dict(top=int(top[j]), left=int(left[j]))  # noqa: E731
+        c.record(F.crop, cropped, lambda j: dict(offsets(j), height=crop_h, width=crop_w), offsets,
+                 lambda j: (crop_h, crop_w))
+        if c.moving_boxes():
+            at = np.zeros(n, dtype=bool)
+            at[cropped] = True
+            c.ch[cropped], c.cw[cropped] = crop_h, crop_w
+            _move_some(c, at, np.where(at, left, 0), np.where(at, top, 0), -1)
+
+
+def _move_some(c: _Chunk, at: np.ndarray, dx, dy, sign: int) -> None:
+    """The boxes of the samples ``at`` shifted and clamped on their new canvas (the others untouched)."""
+    rows = at[c.owner]
+    kept = c.boxes[~rows]
+    c.shift(dx, dy, sign)
+    c.clamp()
+    c.boxes[~rows] = kept
+
+
+def _flip(horizontal: bool) -> Callable:
+    functional = F.horizontal_flip if horizontal else F.vertical_flip
+
+    def step(t, c: _Chunk, u) -> None:
+        """The coin (``torch.rand(1) < p`` in torchvision), then ``joint_chain._flip_boxes`` on the flipped."""
+        at = (u[:, 0] < t.p) & ~c.off
+        flipped = np.flatnonzero(at)
+        for j in c.live():
+            c.keep(j, flipped=bool(at[j]))
+        c.record(functional, flipped, lambda j: {}, _NOTHING, c.size_of)
+        if c.moving_boxes() and len(flipped):
+            rows = at[c.owner]
+            b = c.boxes[rows]
+            out = b.copy()
+            lo, hi = (0, 2) if horizontal else (1, 3)
+            extent = (c.cw if horizontal else c.ch).astype(_F32)[c.owner[rows]]
+            if c.fmt == _BBF.XYXY:
+                out[:, lo], out[:, hi] = -(b[:, hi] - extent), -(b[:, lo] - extent)
+            else:
+                out[:, lo] = -((b[:, lo] + b[:, hi]) - extent)
+            c.boxes[rows] = out
+    return step
+
+
+def _sanitize(t, c: _Chunk, u) -> None:
+    """``joint_chain._sanitize`` for every sample: the boxes kept by ``valid_xyxy`` on their canvases, and the
+    labels with them."""
+    if not c.moving_boxes() or c.fmt != _BBF.XYXY or t._labels_getter is not _find_labels_default_heuristic:
+        raise _Off
+    keys = [None] * len(c.targets)
+    for j in c.live():
+        target = c.targets[j]
+        key = joint_chain._labels_key(tuple(target))
+        label = target.get(key) if key is not None else None
+        if key is None or type(label) is not torch.Tensor or sum(v is label for v in target.values()) != 1 or \
+                label.ndim == 0 or label.shape[0] != c.counts[j]:
+            c.off[j] = True  # its ValueError, raised one by one
+            continue
+        keys[j] = key
+    f32 = _F32
+    b = c.boxes
+    wh = b[:, 2:] - b[:, :2]
+    bounds = np.stack([c.cw, c.ch, c.cw, c.ch], axis=1).astype(f32)[c.owner]
+    valid = (wh >= f32(t.min_size)).all(axis=1) & ((b >= f32(0)) & (b <= bounds)).all(axis=1) & \
+        (wh[:, 0] * wh[:, 1] >= f32(t.min_area))
+    starts = np.concatenate([[0], np.cumsum(c.counts)])
+    for j in c.live():
+        v = valid[starts[j]:starts[j + 1]]
+        label = c.targets[j][keys[j]]
+        c.targets[j] = dict(c.targets[j])
+        c.targets[j][keys[j]] = torch.from_numpy(label.numpy()[v]) if label.dtype in joint_chain._NUMPY_INDEXED \
+            else label[torch.from_numpy(v)]
+    valid |= c.off[c.owner]  # (a sample that left keeps its boxes: it is recorded again one by one)
+    c.boxes, c.owner = c.boxes[valid], c.owner[valid]
+    c.counts = np.bincount(c.owner, minlength=len(c.counts)).astype(np.int64)
+
+
+def steps() -> dict:
+    """The classes a chunk is recorded with, by exact class (the registry's ``vector`` entries)."""
+    return {v2.ToImage: Vector(_to_image), v2.PILToTensor: Vector(_pil_to_tensor), v2.ToDtype: Vector(_to_dtype),
+            v2.ToPureTensor: Vector(_to_pure_tensor), v2.ConvertBoundingBoxFormat: Vector(_convert_format),
+            v2.ScaleJitter: Vector(_resize_drawn(_scale_jitter), 1),
+            v2.RandomShortestSize: Vector(_resize_drawn(_shortest_size), 1),
+            v2.RandomCrop: Vector(_random_crop, 2),
+            v2.RandomHorizontalFlip: Vector(_flip(True), 1), v2.RandomVerticalFlip: Vector(_flip(False), 1),
+            v2.SanitizeBoundingBoxes: Vector(_sanitize)}
+
+
+# --- a chunk --------------------------------------------------------------------------------------------------
+
+def plan(joint, vector_of: Callable) -> Optional[list]:
+    """(transform, its ``Vector``) for each transform of ``joint``, a v2 Compose (nested ones flattened) of
+    classes with a ``vector`` entry and no hooks or methods of the instance's own, or an object whose call is
+    ``return self.transforms(image, target)`` of one (the detection reference's ``DetectionPresetTrain``);
+    else None."""
+    if type(joint) is not v2.Compose and _calls_its_transforms(type(joint)):
+        joint = joint.transforms
+    if not ENABLED[0] or type(joint) is not v2.Compose or torch.get_default_dtype() != torch.float32 or \
+            any(getattr(_nn_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+        return None
+    out = joint_chain.plan_of(joint, vector_of)
+    if out is None or any(t._forward_hooks or t._forward_pre_hooks for t, _ in out):
+        return None
+    return out
+
+
+class _Calls:
+    def __call__(self, image, target):
+        return self.transforms(image, target)
+
+
+def _calls_its_transforms(cls: type) -> bool:
+    """Whether ``cls``'s call is exactly ``return self.transforms(image, target)`` (its code compared with that
+    of a class that says it: the same instructions on the same names; flags of the code itself, not of the
+    module's ``__future__`` imports), and not a torch module (whose call runs hooks)."""
+    call = getattr(cls, "__call__", None)
+    code, ref = getattr(call, "__code__", None), _Calls.__call__.__code__
+    return code is not None and not issubclass(cls, torch.nn.Module) and not call.__defaults__ and \
+        not call.__kwdefaults__ and not call.__closure__ and \
+        (code.co_code, code.co_names, code.co_consts, code.co_argcount, code.co_kwonlyargcount, code.co_flags & 0x3FF) \
+        == (ref.co_code, ref.co_names, ref.co_consts, ref.co_argcount, ref.co_kwonlyargcount, ref.co_flags & 0x3FF)
+
+
+def uniforms(seeds: list, draws: int) -> np.ndarray:
+    """(n, draws) uniforms in [0, 1), row ``j`` from ``seeds[j]`` on torch's CPU generator (a worker's)."""
+    out = np.empty((len(seeds), max(draws, 1)), dtype=np.float32)
+    gen = torch.default_generator
+    for j, seed in enumerate(seeds):
+        gen.manual_seed(seed)
+        out[j] = torch.rand(max(draws, 1)).numpy()
+    return out
+
+
+def carried(target, size: tuple):
+    """The target's BoundingBoxes key and itself where the chunk carries this target (what ``joint_chain._boxes_of``
+    takes, by exact types: one float32 XYXY / XYWH BoundingBoxes on the image's canvas, plain CPU tensors and
+    plain values); else None."""
+    if type(target) is not dict:
+        return None
+    found = None
+    for k, v in target.items():
+        kind = type(v)
+        if kind is tv_tensors.BoundingBoxes:
+            if found is not None:
+                return None
+            found = (k, v)
+        elif kind is torch.Tensor:
+            if v.device.type != "cpu" or v.requires_grad:
+                return None
+        elif kind not in joint_chain._PLAIN:
+            return None
+    if found is None:
+        return None
+    b = found[1]
+    plain = b.as_subclass(torch.Tensor)
+    if plain.ndim != 2 or plain.shape[-1] != 4 or plain.dtype != torch.float32 or plain.device.type != "cpu" or \
+            plain.requires_grad or b.format not in joint_chain._FORMATS or \
+            getattr(b, "clamping_mode", "soft") not in ("soft", "hard", None) or tuple(b.canvas_size) != tuple(size):
+        return None
+    return found
+
+
+def record(steps: list, kind: str, sizes: list, targets: list, u: np.ndarray,
+           params: Optional[list] = None) -> list:
+    """Each sample's (record, target, the output's type: "image" or "tensor") after ``steps`` (``plan``), or
+    None for one the chunk does not carry. ``sizes``: the images' (h, w); ``u``: the uniforms (``uniforms``),
+    each step taking its ``draws`` columns in order; ``params``: a list that gets each sample's parameters."""
+    n = len(targets)
+    got = [carried(t, s) for t, s in zip(targets, sizes)]
+    first = next((g for g in got if g is not None), None)
+    if first is None:
+        return [None] * n
+    same = [g is not None and g[0] == first[0] and g[1].format == first[1].format and
+            getattr(g[1], "clamping_mode", "soft") == getattr(first[1], "clamping_mode", "soft") for g in got]
+    likes = [g[1] if ok else _NO_BOXES for g, ok in zip(got, same)]
+    c = _Chunk(kind, np.asarray(sizes, dtype=np.int64).reshape(n, 2), targets, first[0], first[1], likes)
+    c.off |= ~np.asarray(same, dtype=bool)
+    if params is not None:
+        c.params = [[] for _ in range(n)]
+    col = 0
+    try:
+        for t, vec in steps:
+            vec.step(t, c, u[:, col:col + vec.draws])
+            col += vec.draws
+    except _Off:
+        return [None] * n
+    if c.kind == "pil":
+        return [None] * n  # (the recording's Unrecordable: the output is not a tensor)
+    out_kind = "image" if c.kind == "image" else "tensor"
+    starts = np.concatenate([[0], np.cumsum(c.counts)])
+    out: list = []
+    for j in range(n):
+        if c.off[j]:
+            out.append(None)
+            continue
+        b = torch.from_numpy(np.ascontiguousarray(c.boxes[starts[j]:starts[j + 1]], dtype=_F32))
+        target = dict(c.targets[j])
+        target[c.box_key] = b if c.plain else \
+            tv_tensors.wrap(b, like=likes[j], format=c.fmt, canvas_size=(int(c.ch[j]), int(c.cw[j])))
+        out.append((c.ops[j], target, out_kind))
+        if params is not None:
+            params.append(c.params[j])
+    return out
