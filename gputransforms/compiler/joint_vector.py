@@ -60,35 +60,35 @@ class _Chunk:
     """The samples of a chunk between the steps: per sample its image's size, record, target and whether it
     left; all boxes as one float32 array in sample order (``counts`` rows each) with each sample's canvas."""
 
-    def __init__(self, kind: str, sizes: np.ndarray, targets: list, box_key, first, likes: list):
+    def __init__(self, kind: str, sizes: np.ndarray, targets: list, box_key, first, boxes: list):
         n = len(targets)
         self.kind, self.dtype = kind, torch.uint8
         self.h, self.w = sizes[:, 0].copy(), sizes[:, 1].copy()
         self.ops: list = [[] for _ in range(n)]
-        self.targets, self.box_key, self.likes = list(targets), box_key, likes
+        self.targets, self.box_key = list(targets), box_key
         self.off = np.zeros(n, dtype=bool)
         self.fmt = first.format
         self.mode = getattr(first, "clamping_mode", "soft")
         self.plain = False
-        self.counts = np.asarray([b.as_subclass(torch.Tensor).shape[0] for b in likes], dtype=np.int64)
-        self.boxes = np.concatenate([b.as_subclass(torch.Tensor).numpy() for b in likes]).astype(_F32, copy=True) \
+        self.counts = np.asarray([b.as_subclass(torch.Tensor).shape[0] for b in boxes], dtype=np.int64)
+        self.boxes = np.concatenate([b.as_subclass(torch.Tensor).numpy() for b in boxes]).astype(_F32, copy=True) \
             if n else np.zeros((0, 4), _F32)
         self.owner = np.repeat(np.arange(n), self.counts)
         self.ch, self.cw = self.h.copy(), self.w.copy()  # each sample's boxes' canvas
         self.params: Optional[list] = None  # each sample's parameters per step, where asked (the tests)
 
-    def record(self, functional, samples, kwargs_of: Callable, varying: Optional[Callable] = None,
-               after: Optional[Callable] = None) -> None:
-        """``functional`` recorded on each of ``samples`` (indices), with ``kwargs_of(j)``. Where the step says
-        which of them vary between samples (``varying(j)``: a size, a padding, an offset, which binding leaves as
-        they are) and the size each sample is left at (``after(j)``), the first sample's record is bound as the
-        recording binds it (defaults, PIL's own arguments) and the others take its arguments with theirs."""
+    def record(self, functional, samples, kwargs_of: Callable, varying: Callable, after: Callable) -> None:
+        """``functional`` recorded on each of ``samples`` (indices), with ``kwargs_of(j)``: the first sample's
+        record bound as the recording binds it (defaults, PIL's own arguments), the others its arguments with
+        what varies between samples (``varying(j)``: a size, a padding, an offset, which binding leaves as they
+        are), each leaving its sample at the size ``after(j)``."""
         first = None
         for j in samples:
             h, w = int(self.h[j]), int(self.w[j])
-            if first is None or varying is None:
-                op, shape, dtype = joint_record.recorded_op(functional, self.kind, (3, h, w), self.dtype, kwargs_of(j))
-                first = op
+            if first is None:
+                first, shape, self.dtype = joint_record.recorded_op(functional, self.kind, (3, h, w), self.dtype,
+                                                                    kwargs_of(j))
+                op = first
                 self.h[j], self.w[j] = int(shape[-2]), int(shape[-1])
             else:
                 a = dict(first[1])
@@ -96,8 +96,6 @@ class _Chunk:
                 op = (first[0], a, (h, w))
                 self.h[j], self.w[j] = after(j)
             self.ops[j].append(op)
-        if first is not None:
-            self.dtype = dtype
 
     def moving_boxes(self) -> bool:
         return not self.plain
@@ -106,15 +104,11 @@ class _Chunk:
         return int(self.h[j]), int(self.w[j])
 
     def keep(self, j: int, **params) -> None:
-        if self.params is not None:
-            self.params[j].append(params)
+        """Sample ``j``'s parameters of this step (where asked: ``params``)."""
+        self.params[j].append(params)
 
     def live(self) -> np.ndarray:
         return np.flatnonzero(~self.off)
-
-    def per_box(self, values: np.ndarray) -> np.ndarray:
-        """A per-sample array spread over the boxes."""
-        return values[self.owner]
 
     def clamp(self) -> None:
         """``_clamp_bounding_boxes`` of every box on its sample's canvas (``joint_chain._clamp``)."""
@@ -210,7 +204,7 @@ def _resize_drawn(draw: Callable) -> Callable:
         sized = lambda j: dict(size=(int(size[j, 0]), int(size[j, 1])))  # noqa: E731
         c.record(F.resize, live, lambda j: dict(sized(j), interpolation=t.interpolation, antialias=t.antialias),
                  sized, lambda j: (int(size[j, 0]), int(size[j, 1])))
-        for j in live:
+        for j in live if c.params is not None else ():
             c.keep(j, size=(int(size[j, 0]), int(size[j, 1])))
         if c.moving_boxes():  # ``resize_bounding_boxes``: the ratios of Python's quotients as float32
             moved = np.zeros(len(oh), dtype=bool)
@@ -246,7 +240,7 @@ def _random_crop(t, c: _Chunk, u) -> None:
     padded = live[(pad_left[live] | pad_right[live] | pad_top[live] | pad_bottom[live]) != 0]
     cropped = live[(ph[live] > crop_h) | (pw[live] > crop_w)]
     fill = _get_fill(t._fill, joint_record._KIND_CLASS[c.kind])
-    for j in live:
+    for j in live if c.params is not None else ():
         c.keep(j, needs_crop=bool(ph[j] > crop_h or pw[j] > crop_w), top=int(top[j]), left=int(left[j]),
                height=crop_h, width=crop_w, needs_pad=bool(pad_left[j] or pad_top[j] or pad_right[j] or pad_bottom[j]),
                padding=[int(pad_left[j]), int(pad_top[j]), int(pad_right[j]), int(pad_bottom[j])])
@@ -289,7 +283,7 @@ def _flip(horizontal: bool) -> Callable:
         """The coin (``torch.rand(1) < p`` in torchvision), then ``joint_chain._flip_boxes`` on the flipped."""
         at = (u[:, 0] < t.p) & ~c.off
         flipped = np.flatnonzero(at)
-        for j in c.live():
+        for j in c.live() if c.params is not None else ():
             c.keep(j, flipped=bool(at[j]))
         c.record(functional, flipped, lambda j: {}, _NOTHING, c.size_of)
         if c.moving_boxes() and len(flipped):
