@@ -41,6 +41,8 @@ def chains(head: list, kind: str) -> dict:
                                    v2.RandomHorizontalFlip(0.3)] + to_image + TAIL),
         "untouched": v2.Compose(head + [v2.RandomHorizontalFlip(0.5)] + to_image + [
             v2.ToDtype(torch.float32, scale=True), v2.ToPureTensor()]),
+        "boxes kept": v2.Compose(head + [v2.RandomShortestSize([80, 100]), v2.RandomCrop(90, pad_if_needed=True),
+                                         v2.RandomHorizontalFlip(0.5)] + to_image + [v2.ToDtype(torch.float32)]),
     }
 
 
@@ -76,7 +78,7 @@ def forced(chain: v2.Compose, params: list) -> v2.Compose:
 
 
 @pytest.mark.parametrize("kind", ["image", "tensor", "pil"])
-@pytest.mark.parametrize("name", ["lsj", "multiscale", "crop", "untouched"])
+@pytest.mark.parametrize("name", ["lsj", "multiscale", "crop", "untouched", "boxes kept"])
 @pytest.mark.parametrize("fmt", ["XYXY", "XYWH"])
 def test_a_chunk_is_what_torchvision_records_with_its_parameters(kind, name, fmt):
     chain = chains(HEADS[kind], kind)[name]
@@ -215,6 +217,8 @@ def test_the_loaders_workers_record_chunks_every_sample_once(coco, monkeypatch, 
     256 x 256 with its boxes inside it, the same epoch again from the same seed, and the same with chunks of 3;
     recorded one by one instead, the samples draw otherwise."""
     ds = _lsj(coco)
+    _, theirs = ds[0]  # (torchvision's own sample: what each target holds, of which types)
+    kinds = {k: (type(v), getattr(v, "dtype", None)) for k, v in theirs.items()}
 
     def epoch(chunk=None):
         if chunk:
@@ -228,6 +232,8 @@ def test_the_loaders_workers_record_chunks_every_sample_once(coco, monkeypatch, 
         for images, targets in loader:
             for img, t in zip(images, targets):
                 assert img.shape == (3, 256, 256) and img.dtype == torch.float32 and img.device.type == ("cuda" if device == "gpu" else "cpu")
+                assert {k: (type(v), getattr(v, "dtype", None)) for k, v in t.items()} == kinds
+                assert all(v.device == img.device for v in t.values() if isinstance(v, torch.Tensor))
                 b = t["boxes"].cpu()
                 assert type(b) is torch.Tensor and ((b >= 0) & (b <= 256)).all() and len(b) == len(t["labels"])
                 out.append((t["image_id"], round(img.sum().item(), 2), b.sum().item(), t["labels"].tolist()))
@@ -267,3 +273,44 @@ def test_a_sample_whose_target_the_chunk_does_not_carry_is_left_to_be_read_one_b
                                 joint_vector.uniforms([6, 7], draws))
     for a, b in zip(got[6:], alone):
         assert joint.same(a[0], b[0]) and joint.same(a[1], b[1])
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="gpu", marks=pytest.mark.gpu)])
+def test_a_chunks_targets_travel_as_one_table_and_load_as_each_pickled(device):
+    """pickled.Targets: a chunk's targets as one table (through a pickle, as torch's queue sends it), loaded at
+    once, equal each target pickled alone and loaded (types, dtypes, values, BoundingBoxes' format and canvas, key
+    order), on the device; targets of other structures are not tabled."""
+    import pickle
+
+    from gputransforms.datasets import detection, pickled
+
+    rng = np.random.default_rng(5)
+    targets = []
+    for k in range(9):
+        (h, w), t = sample(rng, "XYWH" if k % 2 else "XYXY")
+        t = {"boxes": t["boxes"] if k % 3 else t["boxes"].as_subclass(torch.Tensor), "labels": t["labels"],
+             "image_id": t["image_id"], "scores": torch.rand(len(t["labels"]), 2, dtype=torch.float64)}
+        targets.append(t)
+    assert pickled.Targets.of(targets) is None  # (boxes plain in some samples, BoundingBoxes in others)
+    for t in targets:
+        t["boxes"] = tv_tensors.BoundingBoxes(t["boxes"], format="XYWH", canvas_size=(50 + len(t["labels"]), 80))
+    table = pickled.Targets.of(targets)
+    parts = pickle.loads(pickle.dumps([pickled.Part(table, j) for j in range(len(targets))]))
+    assert len({id(p.table) for p in parts}) == 1
+    dev = torch.device(device)
+    got = pickled.resolve(parts, dev)
+    for ours, t in zip(got, targets):
+        theirs = detection.to_device(pickled.load(detection._pickled(t)), dev)
+        assert list(ours) == list(theirs)
+        for k in t:
+            assert type(ours[k]) is type(theirs[k]), k
+            if isinstance(t[k], torch.Tensor):
+                assert ours[k].dtype == theirs[k].dtype and ours[k].device == theirs[k].device
+                assert torch.equal(ours[k].as_subclass(torch.Tensor), theirs[k].as_subclass(torch.Tensor))
+            else:
+                assert ours[k] == theirs[k]
+        assert ours["boxes"].format == t["boxes"].format and ours["boxes"].canvas_size == t["boxes"].canvas_size
+    assert pickled.Targets.of([{"a": 1}, {"b": 1}]) is None
+    assert pickled.Targets.of([{"a": torch.zeros(2)}, {"a": torch.zeros(2, dtype=torch.int64)}]) is None
+    assert pickled.Targets.of([{"a": [1]}, {"a": [2]}]) is None
+    assert pickled.Targets.of([{"a": torch.tensor(1)}, {"a": torch.tensor(2)}]) is None

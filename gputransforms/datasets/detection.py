@@ -170,8 +170,13 @@ def _chunk_reader(joint, kind: str, program, shape, paths: list, targets: list, 
                 out.append(None)
                 continue
             target = done[1] if shape is None else around(shape, targets[i], None, done[1])
-            out.append(((got[0], row), (done[2], _pickled(target))))
-        return out
+            out.append(((got[0], row), (done[2], target)))
+        # the chunk's targets as one table that travels once (each sample's extra a part of it), else each pickled
+        table = pickled.Targets.of([o[1][1] for o in out if o is not None])
+        parts = iter(range(len(out)))
+        return [o if o is None else
+                (o[0], (o[1][0], pickled.Part(table, next(parts)) if table is not None else _pickled(o[1][1])))
+                for o in out]
 
     return many
 
@@ -440,14 +445,17 @@ class DetectionSamples(FileSamples):
             dev = images[0].device if len(images) else torch.device("cpu")
             # (loaded as they arrived where a worker's piece came through its ring, backends/arena.py; those
             # through torch's pipe, small ones, are loaded here: on the GPU straight to the device, together)
+            # (a chunk's targets recorded at once come as one table: ``pickled.Targets``, loaded here at once)
+            targets = pickled.resolve([target for _, target in extras], dev)
             if dev.type == "cuda":
-                raw = [target for _, target in extras if isinstance(target, bytes)]
+                raw = [target for target in targets if isinstance(target, bytes)]
                 loaded = iter(pickled.load_to_device(raw, dev) if raw else ())
-                unpacked = [next(loaded) if isinstance(target, bytes) else target for _, target in extras]
-                unpacked = joint_masks.widened(to_device(unpacked, dev) if len(raw) < len(extras) else unpacked)
+                unpacked = [next(loaded) if isinstance(target, bytes) else target for target in targets]
+                moved = all(isinstance(target, (bytes, pickled.Part)) for _, target in extras)
+                unpacked = joint_masks.widened(unpacked if moved else to_device(unpacked, dev))
             else:
                 unpacked = joint_masks.widened([pickled.load(target) if isinstance(target, bytes) else target
-                                                for _, target in extras])
+                                                for target in targets])
             if self.shape is not None:  # the image put where __getitem__ returns it
                 place = self.shape.place
                 return [sample if kind == "ready" else

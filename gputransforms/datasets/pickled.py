@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import io
 import pickle
+from typing import Optional
 
 import numpy as np
 import torch
@@ -153,3 +154,124 @@ def load_to_device(bufs: list, dev: torch.device) -> list:
 @functools.lru_cache(maxsize=None)
 def _torch_dtype(dtype: str) -> torch.dtype:
     return torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
+
+
+# --- a worker's chunk of targets as one object -----------------------------------------------------------------
+
+#: whether a chunk's targets travel as one table (off: each pickled on its own, for the runs that compare the two)
+TABLES = [True]
+
+
+class Targets:
+    """The targets of a worker's chunk (``compiler.joint_vector``: dicts of one structure), as one object that
+    travels once with the chunk: each key's tensors concatenated along their first dimension (one array a key,
+    each sample's length beside it), its plain values listed, its BoundingBoxes' format and canvas. Each sample's
+    extra is a ``Part`` of it; the main thread loads a table once (``load``): all its arrays in one buffer and one
+    copy to the device, each key's per-sample tensors split from it in one call, instead of one pickle, one
+    unpickler and a view per tensor for each sample (``load_to_device``: a quarter of the lsj-v2 loader's main
+    thread on an H200 host, benchmarks/results/stop32-chunks-recorded-at-once.txt)."""
+
+    __slots__ = ("keys", "kinds", "columns", "lengths", "likes")
+
+    @classmethod
+    def of(cls, targets: list) -> Optional["Targets"]:
+        """The table of ``targets`` (dicts with the same keys in the same order; each key's values plain CPU
+        tensors of one dtype and trailing shape with at least one dimension, or BoundingBoxes so, or plain
+        values), else None (each sample is then pickled on its own)."""
+        from torchvision import tv_tensors
+
+        if not TABLES[0] or not targets or any(type(t) is not dict for t in targets):
+            return None
+        keys = tuple(targets[0])
+        if any(tuple(t) != keys for t in targets):
+            return None
+        out = cls()
+        out.keys, out.kinds, out.columns, out.lengths, out.likes = keys, [], [], [], []
+        for k in keys:
+            values = [t[k] for t in targets]
+            kind = type(values[0])
+            if kind is torch.Tensor or kind is tv_tensors.BoundingBoxes:
+                plain = [v.as_subclass(torch.Tensor) if type(v) is kind else None for v in values]
+                first = plain[0]
+                if any(p is None or p.device.type != "cpu" or p.dtype != first.dtype or p.ndim == 0 or
+                       p.shape[1:] != first.shape[1:] or p.requires_grad for p in plain):
+                    return None
+                out.kinds.append("boxes" if kind is tv_tensors.BoundingBoxes else "tensor")
+                out.columns.append(np.concatenate([p.numpy() for p in plain]) if len(plain) > 1 else
+                                   np.ascontiguousarray(first.numpy()).copy())
+                out.lengths.append([int(p.shape[0]) for p in plain])
+                # (a BoundingBoxes' metadata: a one-row stand-in of each sample's, which wrap copies)
+                out.likes.append([tv_tensors.wrap(torch.empty(0, *first.shape[1:], dtype=first.dtype), like=v)
+                                  for v in values] if kind is tv_tensors.BoundingBoxes else None)
+            elif kind in (int, float, str, bool, type(None)) and all(type(v) is kind for v in values):
+                out.kinds.append("value")
+                out.columns.append(values)
+                out.lengths.append(None)
+                out.likes.append(None)
+            else:
+                return None
+        return out
+
+    def __reduce__(self):
+        return _targets, (self.keys, self.kinds, self.columns, self.lengths, self.likes)
+
+    def load(self, dev: torch.device) -> list:
+        """Each sample's target on ``dev``: its dict, its tensors views of one buffer copied there at once."""
+        from torchvision import tv_tensors
+
+        arrays = [c for c, kind in zip(self.columns, self.kinds) if kind != "value"]
+        places, total = [], 0
+        for a in arrays:
+            places.append(total)
+            total += -(-a.nbytes // _ALIGN) * _ALIGN
+        host = torch.empty(total, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+        flat = host.numpy()
+        for a, at in zip(arrays, places):
+            flat[at:at + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        on = host.to(dev, non_blocking=True) if dev.type != "cpu" else host
+        per_key: list = []
+        it = iter(zip(arrays, places))
+        for kind, column, lengths, likes in zip(self.kinds, self.columns, self.lengths, self.likes):
+            if kind == "value":
+                per_key.append(column)
+                continue
+            a, at = next(it)
+            t = on[at:at + a.nbytes].view(_torch_dtype(a.dtype.str)).view(a.shape).split(lengths)
+            if likes is not None:
+                t = [tv_tensors.wrap(v, like=like) for v, like in zip(t, likes)]
+            per_key.append(t)
+        return [dict(zip(self.keys, row)) for row in zip(*per_key)]
+
+
+def _targets(keys, kinds, columns, lengths, likes) -> Targets:
+    out = Targets()
+    out.keys, out.kinds, out.columns, out.lengths, out.likes = keys, kinds, columns, lengths, likes
+    return out
+
+
+class Part:
+    """Sample ``j``'s target in a chunk's ``Targets`` (its extra; the table travels once with the chunk)."""
+
+    __slots__ = ("table", "j")
+
+    def __init__(self, table: Targets, j: int):
+        self.table, self.j = table, j
+
+    def __reduce__(self):
+        return Part, (self.table, self.j)
+
+
+def resolve(targets: list, dev: torch.device) -> list:
+    """``targets`` with each ``Part`` replaced by its target on ``dev`` (each table loaded once)."""
+    if not any(type(t) is Part for t in targets):
+        return targets
+    tables: dict = {}
+    out = []
+    for t in targets:
+        if type(t) is Part:
+            got = tables.get(id(t.table))
+            if got is None:
+                got = tables[id(t.table)] = t.table.load(dev)
+            t = got[t.j]
+        out.append(t)
+    return out
