@@ -173,10 +173,12 @@ def _chunk_reader(joint, kind: str, program, shape, paths: list, targets: list, 
             out.append(((got[0], row), (done[2], target)))
         # the chunk's targets as one table that travels once (each sample's extra a part of it), else each pickled
         table = pickled.Targets.of([o[1][1] for o in out if o is not None])
-        parts = iter(range(len(out)))
-        return [o if o is None else
-                (o[0], (o[1][0], pickled.Part(table, next(parts)) if table is not None else _pickled(o[1][1])))
-                for o in out]
+        k = 0
+        for j, o in enumerate(out):
+            if o is not None:
+                out[j] = (o[0], (o[1][0], pickled.Part(table, k) if table is not None else _pickled(o[1][1])))
+                k += 1
+        return out
 
     return many
 
