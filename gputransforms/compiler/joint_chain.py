@@ -33,7 +33,6 @@ import numpy as np
 import PIL.Image
 import torch
 from torch.nn.modules import module as _nn_module
-from torch.utils._pytree import tree_is_leaf
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
@@ -366,22 +365,26 @@ def plan_of(compose, chain_of: Callable) -> Optional[list]:
 
 
 def _boxes_of(target: dict):
-    """The target's one BoundingBoxes (its key and itself), where every leaf is one the pass carries; else _Off."""
+    """The target's one BoundingBoxes (its key and itself), where every leaf is one the pass carries; else _Off.
+    By exact types (a container is none of them): one float32 XYXY / XYWH BoundingBoxes, plain CPU tensors,
+    plain values."""
     found = None
     for k, v in target.items():
-        if not tree_is_leaf(v):
-            raise _Off
-        if type(v) is tv_tensors.BoundingBoxes:
-            if found is not None or v.ndim != 2 or v.shape[-1] != 4 or v.dtype != torch.float32 or \
-                    v.device.type != "cpu" or v.format not in _FORMATS or \
-                    _mode(v) not in ("soft", "hard", None) or v.requires_grad:
+        kind = type(v)
+        if kind is tv_tensors.BoundingBoxes:
+            if found is not None:
+                raise _Off
+            plain = v.as_subclass(torch.Tensor)
+            if plain.ndim != 2 or plain.shape[-1] != 4 or plain.dtype != torch.float32 or \
+                    plain.device.type != "cpu" or plain.requires_grad or v.format not in _FORMATS or \
+                    _mode(v) not in ("soft", "hard", None):
                 raise _Off
             found = (k, v)
-        elif isinstance(v, torch.Tensor):
-            if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:
-                raise _Off  # masks, key points, other tv_tensors
-        elif type(v) not in _PLAIN:
-            raise _Off  # an array or an image, which ToImage or a geometry step would transform
+        elif kind is torch.Tensor:
+            if v.device.type != "cpu" or v.requires_grad:
+                raise _Off  # (masks, key points and other tv_tensors are not of this exact type either)
+        elif kind not in _PLAIN:
+            raise _Off  # a container, an array or an image, which ToImage or a geometry step would transform
     return found if found is not None else (None, None)
 
 

@@ -390,32 +390,16 @@ def uniforms(seeds: list, draws: int) -> np.ndarray:
 
 
 def carried(target, size: tuple):
-    """The target's BoundingBoxes key and itself where the chunk carries this target (what ``joint_chain._boxes_of``
-    takes, by exact types: one float32 XYXY / XYWH BoundingBoxes on the image's canvas, plain CPU tensors and
-    plain values); else None."""
+    """The target's BoundingBoxes key and itself where the chunk carries this target (``joint_chain._boxes_of``:
+    one float32 XYXY / XYWH BoundingBoxes, here on the image's canvas, plain CPU tensors and plain values);
+    else None."""
     if type(target) is not dict:
         return None
-    found = None
-    for k, v in target.items():
-        kind = type(v)
-        if kind is tv_tensors.BoundingBoxes:
-            if found is not None:
-                return None
-            found = (k, v)
-        elif kind is torch.Tensor:
-            if v.device.type != "cpu" or v.requires_grad:
-                return None
-        elif kind not in joint_chain._PLAIN:
-            return None
-    if found is None:
+    try:
+        key, boxes = joint_chain._boxes_of(target)
+    except joint_chain._Off:
         return None
-    b = found[1]
-    plain = b.as_subclass(torch.Tensor)
-    if plain.ndim != 2 or plain.shape[-1] != 4 or plain.dtype != torch.float32 or plain.device.type != "cpu" or \
-            plain.requires_grad or b.format not in joint_chain._FORMATS or \
-            getattr(b, "clamping_mode", "soft") not in ("soft", "hard", None) or tuple(b.canvas_size) != tuple(size):
-        return None
-    return found
+    return (key, boxes) if boxes is not None and tuple(boxes.canvas_size) == tuple(size) else None
 
 
 def record(steps: list, kind: str, sizes: list, targets: list, u: np.ndarray,
