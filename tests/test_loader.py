@@ -3,6 +3,7 @@
 import os
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
@@ -81,6 +82,36 @@ def test_sequential_and_sampler_and_batch_sampler(indexed_folder, device):
     got = [epoch(DataLoader(ds, batch_size=4, sampler=s, device=device))[0] for s in shards]
     assert set(got[0]) | set(got[1]) == set(range(len(ds)))
     assert got[0] == list(iter(shards[0]))
+
+
+class _Pairs:
+    """A batch sampler of the user's that declares no batch_size (the loader scans it for its largest batch), over
+    a RandomSampler with its own generator, shuffling the pairs with a NumPy generator of its own."""
+
+    def __init__(self, sampler, rng):
+        self.sampler, self.rng = sampler, rng
+
+    def __iter__(self):
+        order = list(self.sampler)
+        pairs = [order[k:k + 2] for k in range(0, len(order), 2)]
+        return iter([pairs[k] for k in self.rng.permutation(len(pairs))])
+
+    def __len__(self):
+        return -(-len(self.sampler) // 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_sampler_scanned_for_its_size_draws_its_first_epoch_as_torchs(indexed_folder, device):
+    """The scan for the largest batch leaves the generators the sampler holds as they were: the first epoch is
+    the one torch's DataLoader draws (it was torch's second)."""
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+
+    def sampler():
+        return _Pairs(tud.RandomSampler(ds, generator=torch.Generator().manual_seed(4)), np.random.default_rng(5))
+
+    ours, theirs = DataLoader(ds, batch_sampler=sampler(), device=device), tud.DataLoader(ds, batch_sampler=sampler())
+    for _ in range(2):
+        assert epoch(ours)[0] == [i for images, _ in theirs for i in decode_index(images)[0]]
 
 
 @pytest.mark.parametrize("device", DEVICES)
