@@ -114,6 +114,37 @@ def test_a_batch_sampler_scanned_for_its_size_draws_its_first_epoch_as_torchs(in
         assert epoch(ours)[0] == [i for images, _ in theirs for i in decode_index(images)[0]]
 
 
+class _OwnDraws(tud.Dataset):
+    """A Dataset of the user's that draws each label from a generator of its own (NumPy's, torch's or Python's)."""
+
+    def __init__(self, folder, kind: str):
+        import random
+
+        self.files = sorted(str(p) for p in folder.rglob("*") if p.is_file())[:12]
+        self.kind = kind
+        self.rng = {"numpy": lambda: np.random.default_rng(0), "torch": lambda: torch.Generator().manual_seed(0),
+                    "python": lambda: random.Random(0)}[kind]()
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        r = int(self.rng.integers(1000)) if self.kind == "numpy" else self.rng.randint(0, 999) if \
+            self.kind == "python" else int(torch.randint(1000, (), generator=self.rng))
+        return INDEX_TF(Image.open(self.files[i]).convert("RGB")), r
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch", "python"])
+def test_a_dataset_drawing_from_its_own_generator_draws_as_with_torchs_loader(indexed_folder, kind):
+    """Choosing a backend probes ``__getitem__``; the generators the dataset holds are left as they were, so its
+    labels (drawn at random: it runs on torch's DataLoader, with the reason) are the ones torch's DataLoader gives."""
+    with pytest.warns(FallbackWarning):
+        ours = DataLoader(_OwnDraws(indexed_folder, kind), batch_size=4, device="cpu")
+    theirs = tud.DataLoader(_OwnDraws(indexed_folder, kind), batch_size=4)
+    got = [int(v) for _, labels in ours for v in labels]
+    assert len(got) == 12 and got == [int(v) for _, labels in theirs for v in labels]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_break_mid_epoch_then_iterate_again(indexed_folder, device):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)

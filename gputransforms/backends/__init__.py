@@ -13,15 +13,11 @@ module here and one line in ``_CHOOSERS``.
 from __future__ import annotations
 
 import contextlib
-import random
-
-import numpy as np
-import torch
 
 from ..datasets.sources import resolve
 from ..device import dali_available
 from . import arrays, compiled, watch
-from .base import Backend, EpochIterator, Sampling, Settings
+from .base import Backend, EpochIterator, Sampling, Settings, put_back, random_states
 from .workers import TorchWorkers
 
 __all__ = ["Backend", "EpochIterator", "Sampling", "Settings", "choose"]
@@ -57,7 +53,7 @@ def choose(settings: Settings, dataset) -> Backend:
 
 
 def _chosen(settings: Settings, dataset) -> Backend:
-    with _random_state_kept():
+    with _random_state_kept(dataset):
         for chooser in _CHOOSERS:
             backend = chooser(settings, dataset, resolve)
             if backend is not None:
@@ -66,14 +62,14 @@ def _chosen(settings: Settings, dataset) -> Backend:
 
 
 @contextlib.contextmanager
-def _random_state_kept():
-    """torch's CPU generator, Python's ``random`` and NumPy's global generator as they were on entry, on exit
-    (a dataset that then runs on torch's workers draws its order and its transforms as it would with torch's
-    DataLoader built in its place). CUDA's generators are not touched: nothing here draws on the device."""
-    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+def _random_state_kept(dataset):
+    """torch's CPU generator, Python's ``random``, NumPy's global generator and every generator the dataset holds
+    (``base.random_states``: a ``numpy`` or ``torch`` generator of its own that ``__getitem__`` draws from) as
+    they were on entry, on exit (a dataset that then runs on torch's workers draws its order and its transforms
+    as it would with torch's DataLoader built in its place). CUDA's generators are not touched: nothing here
+    draws on the device."""
+    kept = random_states(dataset)
     try:
         yield
     finally:
-        torch.set_rng_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])
+        put_back(kept)

@@ -8,15 +8,62 @@ lets the sampler draw the same order again and skips the batches already handed 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import random
 import warnings
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 
 from .. import state
 from ..device import rank_tag
 from ..errors import BadSampleError
+
+
+def random_states(*holders) -> list:
+    """(how to put it back, its state) for torch's CPU generator, Python's and NumPy's global ones, and every
+    generator ``holders`` are or hold in their attributes (a sampler's, a dataset's: nested objects too, a few
+    levels deep; of a list or dict, its first items). Code of the user's that the loader runs before an epoch
+    (a batch sampler scanned for its size, a dataset's ``__getitem__`` probed) draws from them; torch's
+    DataLoader draws nothing then, so they are put back."""
+    kept = [(torch.set_rng_state, torch.get_rng_state()), (random.setstate, random.getstate()),
+            (np.random.set_state, np.random.get_state())]
+    seen: set = set()
+
+    def walk(x, depth: int) -> None:
+        if id(x) in seen or depth < 0 or isinstance(x, (type, str, bytes, torch.Tensor, np.ndarray)):
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Generator):
+            kept.append((x.set_state, x.get_state()))
+        elif isinstance(x, np.random.Generator):
+            kept.append((functools.partial(setattr, x.bit_generator, "state"), x.bit_generator.state))
+        elif isinstance(x, np.random.RandomState):
+            kept.append((x.set_state, x.get_state()))
+        elif isinstance(x, random.Random):
+            kept.append((x.setstate, x.getstate()))
+        elif isinstance(x, (list, tuple)):
+            for y in x[:16]:
+                walk(y, depth - 1)
+        elif isinstance(x, dict):
+            for y in itertools.islice(x.values(), 16):
+                walk(y, depth - 1)
+        elif hasattr(x, "__dict__"):
+            for y in list(vars(x).values()):
+                walk(y, depth - 1)
+
+    for holder in holders:
+        walk(holder, 3)
+    return kept
+
+
+def put_back(kept: list) -> None:
+    """The states ``random_states`` kept, put back."""
+    for put, was in kept:
+        put(was)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import random
 import sys
 import warnings
 from typing import Callable, Optional
@@ -30,7 +29,7 @@ from ..errors import BadSampleError, DamagedFileWarning, LateImportWarning, NotC
     naming_sample, user_stacklevel
 from ..prepared import PreparedSamples
 from .ahead import TorchPaced, next_epoch
-from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning
+from .base import Backend, EpochIterator, Sampling, Settings, pin_memory_note, pinning, put_back, random_states
 from .feed import EpochFeed, PipelineSlot, ProcessDecoders, ProcessEpochFeed, ReaderThreads, without
 from .workers import TorchWorkers
 
@@ -167,12 +166,11 @@ class CompiledGraph(Backend):
                 # (the random generators it draws from as they were: the loader's, torch's, Python's and NumPy's
                 # global ones, and those the sampler holds, a RandomSampler's own generator inside a batch
                 # sampler of the user's: the first epoch then draws the order torch's DataLoader draws)
-                kept = _random_states(sampling.index_sampler, sampling.generator)
+                kept = random_states(sampling.index_sampler, sampling.generator)
                 try:
                     size = max((len(b) for b in sampling.index_sampler), default=1)
                 finally:
-                    for put, was in kept:
-                        put(was)
+                    put_back(kept)
             self._max_batch_size = size
         return self._max_batch_size
 
@@ -237,41 +235,6 @@ class CompiledGraph(Backend):
         pool = getattr(self, "pool", None)
         if pool is not None and not _finalizing():
             pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _random_states(sampler, generator: Optional[torch.Generator]) -> list:
-    """(how to put it back, its state) for torch's, Python's and NumPy's global generators, ``generator`` and
-    every generator ``sampler`` holds in its attributes (nested samplers' too, a few levels deep; of a list, its
-    first items)."""
-    kept = [(torch.set_rng_state, torch.get_rng_state()), (random.setstate, random.getstate()),
-            (np.random.set_state, np.random.get_state())]
-    seen: set = set()
-
-    def walk(x, depth: int) -> None:
-        if id(x) in seen or depth < 0 or isinstance(x, (type, str, bytes, torch.Tensor, np.ndarray)):
-            return
-        seen.add(id(x))
-        if isinstance(x, torch.Generator):
-            kept.append((x.set_state, x.get_state()))
-        elif isinstance(x, np.random.Generator):
-            kept.append((functools.partial(setattr, x.bit_generator, "state"), x.bit_generator.state))
-        elif isinstance(x, np.random.RandomState):
-            kept.append((x.set_state, x.get_state()))
-        elif isinstance(x, random.Random):
-            kept.append((x.setstate, x.getstate()))
-        elif isinstance(x, (list, tuple)):
-            for y in x[:16]:
-                walk(y, depth - 1)
-        elif isinstance(x, dict):
-            for y in list(x.values())[:16]:
-                walk(y, depth - 1)
-        elif hasattr(x, "__dict__"):
-            for y in vars(x).values():
-                walk(y, depth - 1)
-
-    walk(generator, 0)
-    walk(sampler, 3)
-    return kept
 
 
 def declared_batch_size(batch_sampler, depth: int = 4) -> Optional[int]:
