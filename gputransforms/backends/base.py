@@ -51,8 +51,12 @@ def random_states(*holders) -> list:
         elif isinstance(x, dict):
             for y in itertools.islice(x.values(), 16):
                 walk(y, depth - 1)
-        elif hasattr(x, "__dict__"):
-            for y in list(vars(x).values()):
+        else:
+            try:
+                values = list(vars(x).values())
+            except TypeError:  # (no __dict__, or one that is not a mapping)
+                return
+            for y in values:
                 walk(y, depth - 1)
 
     for holder in holders:
