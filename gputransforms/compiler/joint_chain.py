@@ -105,7 +105,11 @@ def _clamp(b: np.ndarray, fmt, canvas: tuple, mode) -> np.ndarray:
     y within [0, height] (one clip against the four bounds: the same min(max(v, 0), bound) per value)."""
     if mode is None:
         return b.copy()
-    bounds = np.asarray([canvas[1], canvas[0], canvas[1], canvas[0]], dtype=_F32)
+    return clamped(b, fmt, np.asarray([canvas[1], canvas[0], canvas[1], canvas[0]], dtype=_F32))
+
+
+def clamped(b: np.ndarray, fmt, bounds: np.ndarray) -> np.ndarray:
+    """``b`` clamped within [0, ``bounds``] (width, height, width, height as float32: one row, or one per box)."""
     if fmt == _BBF.XYXY:
         return np.clip(b, _F32(0), bounds)
     b = _to_xyxy(b.copy(), fmt)
@@ -150,14 +154,18 @@ def _resize_boxes(s: _State, size) -> None:
 
 def _flip_boxes(s: _State, horizontal: bool) -> None:
     """``horizontal_flip_bounding_boxes`` / ``vertical_flip_bounding_boxes``."""
-    b = s.boxes.copy()
+    s.boxes = flipped(s.boxes, s.fmt, _F32(s.canvas[1] if horizontal else s.canvas[0]), horizontal)
+
+
+def flipped(boxes: np.ndarray, fmt, extent, horizontal: bool) -> np.ndarray:
+    """``boxes`` flipped within ``extent`` (the canvas's width or height as float32: one, or one per box)."""
+    b = boxes.copy()
     lo, hi = (0, 2) if horizontal else (1, 3)
-    extent = _F32(s.canvas[1] if horizontal else s.canvas[0])
-    if s.fmt == _BBF.XYXY:
-        b[:, lo], b[:, hi] = -(s.boxes[:, hi] - extent), -(s.boxes[:, lo] - extent)
+    if fmt == _BBF.XYXY:
+        b[:, lo], b[:, hi] = -(boxes[:, hi] - extent), -(boxes[:, lo] - extent)
     else:  # XYWH
-        b[:, lo] = -((s.boxes[:, lo] + s.boxes[:, hi]) - extent)
-    s.boxes = b
+        b[:, lo] = -((boxes[:, lo] + boxes[:, hi]) - extent)
+    return b
 
 
 # --- the steps: each class's forward on the state ------------------------------------------------------------

@@ -115,9 +115,7 @@ class _Chunk:
         if self.mode is None:
             return
         bounds = np.stack([self.cw, self.ch, self.cw, self.ch], axis=1).astype(_F32)[self.owner]
-        b = joint_chain._to_xyxy(self.boxes, self.fmt)
-        np.clip(b, _F32(0), bounds, out=b)
-        self.boxes = joint_chain._from_xyxy(b, self.fmt)
+        self.boxes = joint_chain.clamped(self.boxes, self.fmt, bounds)
 
     def shift(self, dx: np.ndarray, dy: np.ndarray, sign: int) -> None:
         """The boxes moved by each sample's (dx, dy) as torchvision's pad (+) and crop (-) kernels move them."""
@@ -288,15 +286,8 @@ def _flip(horizontal: bool) -> Callable:
         c.record(functional, flipped, lambda j: {}, _NOTHING, c.size_of)
         if c.moving_boxes() and len(flipped):
             rows = at[c.owner]
-            b = c.boxes[rows]
-            out = b.copy()
-            lo, hi = (0, 2) if horizontal else (1, 3)
             extent = (c.cw if horizontal else c.ch).astype(_F32)[c.owner[rows]]
-            if c.fmt == _BBF.XYXY:
-                out[:, lo], out[:, hi] = -(b[:, hi] - extent), -(b[:, lo] - extent)
-            else:
-                out[:, lo] = -((b[:, lo] + b[:, hi]) - extent)
-            c.boxes[rows] = out
+            c.boxes[rows] = joint_chain.flipped(c.boxes[rows], c.fmt, extent, horizontal)
     return step
 
 
