@@ -42,7 +42,7 @@ from ..compiler import joint_chain, joint_masks, joint_record, joint_vector
 from ..compiler.registry import chain_of, joint_ok, vector_of
 from ..device import to_device
 from ..errors import NotCompilable, naming_sample
-from . import adapters, coco_targets, discover, pickled
+from . import adapters, coco_targets, discover, mask_targets, pickled
 from .adapters import FileSamples
 from .pickled import Pickled
 
@@ -338,6 +338,7 @@ class DetectionSamples(FileSamples):
     def __init__(self, ds, index: list, joint, kind: str, origin: str):
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
         self.made_target = coco_targets.maker(ds)  # (None: torchvision's wrapper makes every target)
+        self.made_mask = mask_targets.maker(ds)  # (None: torchvision's wrapper opens every mask)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         self._start(ds, [paths[k] for k in index], list(index), joint, kind, origin)
 
@@ -422,7 +423,11 @@ class DetectionSamples(FileSamples):
 
     def target_of(self, k, img: Image.Image):
         """The target of the wrapped dataset's sample ``k`` whose image (its header) is ``img``: torchvision's
-        wrapper makes it, or its restatement in ``coco_targets`` the same one."""
+        wrapper makes it, or its restatement in ``coco_targets`` or ``mask_targets`` the same one."""
+        if self.made_mask is not None:
+            mask = self.made_mask(k)
+            if mask is not None:
+                return mask
         raw = self.raw_target(k)
         if self.made_target is not None:
             made = self.made_target(k, raw, (img.height, img.width))
