@@ -180,3 +180,42 @@ def test_the_wrapped_voc_segmentations_mask_is_torchvisions(photo_folder, tmp_pa
     voc_detection = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCDetection(
         str(root), year="2012", image_set="train"))
     assert mask_targets.maker(voc_detection) is None
+
+
+@pytest.mark.parametrize("types", ["segmentation", ["category", "segmentation"], ["segmentation", "binary-category"]])
+def test_the_wrapped_oxford_pets_target_is_torchvisions(tmp_path, types):
+    """``mask_targets``' target for the wrapped OxfordIIITPet with its trimaps among its target types is the
+    wrapper's own, for each sample: the trimap alone, or a tuple with the labels in the types' order. Trimaps
+    ``png`` does not take (grey PNGs with Paeth rows, as PIL writes them) are left to the wrapper; without
+    trimaps there is no maker."""
+    rows = ["Abyssinian_1 1 1 1", "basset_hound_3 3 2 2", "Bengal_4 2 1 2", "beagle_5 4 2 3"]
+    base = tmp_path / "oxford-iiit-pet"
+    (base / "annotations" / "trimaps").mkdir(parents=True)
+    (base / "annotations" / "trainval.txt").write_text("\n".join(rows) + "\n")
+    (base / "images").mkdir()
+    rng = np.random.default_rng(3)
+    for k, r in enumerate(rows):
+        name = r.split()[0]
+        h, w = (int(v) for v in rng.integers(20, 60, 2))
+        Image.fromarray(rng.integers(0, 256, (h, w, 3)).astype(np.uint8)).save(base / "images" / f"{name}.jpg")
+        trimap = Image.fromarray(rng.integers(1, 4, (h, w)).astype(np.uint8))
+        (trimap.convert("P") if k != 2 else trimap).save(base / "annotations" / "trimaps" / f"{name}.png")
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.OxfordIIITPet(
+        str(tmp_path), split="trainval", target_types=types))
+    make = mask_targets.maker(ds)
+    assert make is not None
+    made = 0
+    for k in range(len(ds)):
+        ours, theirs = make(k), ds[k][1]
+        if ours is None:
+            assert k == 2
+            continue
+        made += 1
+        ours, theirs = (ours, theirs) if isinstance(theirs, tuple) else ((ours,), (theirs,))
+        assert type(ours) is tuple and len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            assert type(a) is type(b)
+            assert torch.equal(a, b) and a.dtype == b.dtype if isinstance(b, torch.Tensor) else a == b
+    assert made == 3
+    assert mask_targets.maker(torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.OxfordIIITPet(
+        str(tmp_path), split="trainval", target_types="category"))) is None

@@ -425,9 +425,9 @@ class DetectionSamples(FileSamples):
         """The target of the wrapped dataset's sample ``k`` whose image (its header) is ``img``: torchvision's
         wrapper makes it, or its restatement in ``coco_targets`` or ``mask_targets`` the same one."""
         if self.made_mask is not None:
-            mask = self.made_mask(k)
-            if mask is not None:
-                return mask
+            made = self.made_mask(k)
+            if made is not None:
+                return made
         raw = self.raw_target(k)
         if self.made_target is not None:
             made = self.made_target(k, raw, (img.height, img.width))
