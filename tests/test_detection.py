@@ -1212,6 +1212,43 @@ def test_a_sample_the_recording_cannot_take_runs_as_written(voc, device, on):
         assert (x.cpu() - xt).abs().mean() < (1 if device == "cpu" else 3) / 255  # nvJPEG's rounding on the GPU
 
 
+class _FlipBrightSomeWidths(v2.Transform):
+    """A user's class that reads the pixels (flips a bright image) only on images whose width has parity ``odd``."""
+
+    def __init__(self, odd: int):
+        super().__init__()
+        self.odd = odd
+
+    def transform(self, inpt, params):
+        if isinstance(inpt, tv_tensors.Image) and inpt.shape[-1] % 2 == self.odd and inpt.float().mean() > 110:
+            return v2.functional.horizontal_flip(inpt)
+        return inpt
+
+
+def test_a_class_that_reads_the_pixels_off_the_probes_draw_runs_as_written(voc):
+    """The probe's sample does not lead the user's class to read the pixels (its width after a random resize has
+    the other parity), so the chain is recorded; each sample whose width leads it to read them runs as written
+    (a torch operation on the image's stand-in raises Unrecordable), with torchvision's result. Before, the class
+    read the stand-in's undefined values and flipped all or none of those samples."""
+    torch.manual_seed(0)  # the probe's random state: its sample's width after the resize
+    first = v2.RandomResize(40, 80)(tv_tensors.Image(torch.from_numpy(np.asarray(Image.open(
+        torchvision.datasets.VOCSegmentation(str(voc), year="2012", image_set="train").images[0]))).permute(2, 0, 1)))
+    chain = v2.Compose([v2.ToImage(), v2.RandomResize(40, 80), _FlipBrightSomeWidths(1 - first.shape[-1] % 2),
+                        v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True)])
+    ds = _voc_segmentation(voc, chain)
+    torch.manual_seed(0)
+    loader = DataLoader(ds, batch_size=8, device="cpu")
+    assert "recorded per sample" in loader.explain()
+    torch.manual_seed(5)
+    ours = list(loader)
+    torch.manual_seed(5)
+    theirs = list(tud.DataLoader(ds, batch_size=8))
+    assert len(ours) == len(theirs) == 6
+    for (x, m), (xt, mt) in zip(ours, theirs):
+        assert torch.equal(m, mt)
+        assert (x - xt).abs().mean() < 1 / 255
+
+
 def test_targets_travel_from_the_workers_as_they_were():
     """What a worker hands the main process for a target: tensors as NumPy bytes, integer tensors whose
     values fit in uint8 narrowed (an int64 mask: an eighth of the bytes) and made int64 again; each comes

@@ -160,8 +160,8 @@ def _wrapper(key: tuple, make):
     return w
 
 
-#: what may be done to a mask stand-in besides its functionals: reading what it is, viewing it as another class
-_MASK_SAFE = frozenset([torch.Tensor.data_ptr, torch.Tensor.as_subclass, torch.Tensor.numel, torch.Tensor.dim,
+#: what may be done to a stand-in besides its functionals: reading what it is, viewing it as another class
+_SAFE = frozenset([torch.Tensor.data_ptr, torch.Tensor.as_subclass, torch.Tensor.numel, torch.Tensor.dim,
                         torch.Tensor.size, torch.Tensor.stride, torch.Tensor.element_size, torch.Tensor.is_contiguous,
                         torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.__len__,
                         torch.Tensor.__repr__, torch.Tensor.__format__] +
@@ -169,33 +169,38 @@ _MASK_SAFE = frozenset([torch.Tensor.data_ptr, torch.Tensor.as_subclass, torch.T
                            "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda", "layout", "is_sparse")])
 
 
-def _guarding_masks():
-    """``tv_tensors.Mask.__torch_function__`` while recording: any other torch operation on a mask stand-in of the
-    sample being recorded (SanitizeBoundingBoxes indexing the instance masks, a sum, a copy) raises
-    MaskUnrecordable, and the sample is recorded again with its real masks. Without this, such an operation
-    gave a tensor of the stand-in's undefined values that no record names, and where the probe
-    (``masks_blind``) had not met it (a flip the probe's draw skipped) that was the sample's mask."""
-    inherited = inspect.getattr_static(tv_tensors.Mask, "__torch_function__").__func__
+def _guarding(cls):
+    """``cls.__torch_function__`` (``tv_tensors.Mask``'s, ``tv_tensors.Image``'s) while recording: any other torch
+    operation on a stand-in of the sample being recorded raises: MaskUnrecordable on a mask's (SanitizeBoundingBoxes
+    indexing the instance masks, a comparison; the sample is recorded again with its real masks), Unrecordable on
+    the image's (a class that reads the pixels; the sample runs as written). A stand-in's values are undefined, and
+    the probes made with the loader (``masks_blind``, ``pixel_blind``) follow one draw: a flip their draw skipped
+    let SanitizeBoundingBoxes' indexing of flipped masks give those values as the sample's masks."""
+    inherited = inspect.getattr_static(cls, "__torch_function__").__func__
 
     def torch_function(cls, func, types, args=(), kwargs=None):
         rec = getattr(_LOCAL, "record", None)
-        if rec is not None and rec.masks_in is not None and func not in _MASK_SAFE:
+        if rec is not None and func not in _SAFE:
             for a in (*args, *(kwargs or {}).values()):
                 for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                    if isinstance(t, tv_tensors.Mask):
+                    if isinstance(t, (tv_tensors.Mask, tv_tensors.Image)):
                         ops = rec.ops.get(t.data_ptr())
-                        if ops is not None and joint_masks.made(ops):
-                            raise joint_masks.MaskUnrecordable(f"{getattr(func, '__name__', func)} on a mask")
+                        if ops is not None:
+                            name = getattr(func, "__name__", func)
+                            if joint_masks.made(ops):
+                                raise joint_masks.MaskUnrecordable(f"{name} on a mask")
+                            raise Unrecordable(f"{name} on the image (it reads the pixels)")
         return inherited(cls, func, types, args, kwargs)
 
     return classmethod(torch_function)
 
 
 def _swap_in() -> None:
-    own = "__torch_function__" in tv_tensors.Mask.__dict__
-    _SAVED.append((functools.partial(_put_forward_back, tv_tensors.Mask, own), "__torch_function__",
-                   tv_tensors.Mask.__dict__.get("__torch_function__")))
-    tv_tensors.Mask.__torch_function__ = _wrapper(("mask guard",), _guarding_masks)
+    for cls in (tv_tensors.Mask, tv_tensors.Image):
+        own = "__torch_function__" in cls.__dict__
+        _SAVED.append((functools.partial(_put_forward_back, cls, own), "__torch_function__",
+                       cls.__dict__.get("__torch_function__")))
+        cls.__torch_function__ = _wrapper(("guard", cls), functools.partial(_guarding, cls))
     for functional, registry in list(_futils._KERNEL_REGISTRY.items()):
         if functional.__name__ in _QUERIES:
             continue
