@@ -219,3 +219,25 @@ def test_the_wrapped_oxford_pets_target_is_torchvisions(tmp_path, types):
     assert made == 3
     assert mask_targets.maker(torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.OxfordIIITPet(
         str(tmp_path), split="trainval", target_types="category"))) is None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_broken_mask_raises_torchvisions_error_naming_the_mask(photo_folder, tmp_path, workers):
+    """A class mask cut short: ``png`` leaves it to PIL, and the loader raises torchvision's error (its type and
+    message, as torch's DataLoader raises it), naming the sample, its image and the mask's file."""
+    import torch.utils.data as tud
+    from presets import SegmentationPresetTrain, segmentation_collate
+
+    from gputransforms import DataLoader
+
+    root = sampledata.write_voc(photo_folder, tmp_path, seed=4)
+    mask = sorted((root / "VOCdevkit" / "VOC2012" / "SegmentationClass").glob("*.png"))[5]
+    mask.write_bytes(mask.read_bytes()[:len(mask.read_bytes()) // 2])
+    ds = _wrapped(root, SegmentationPresetTrain(base_size=64, crop_size=48))
+    with pytest.raises(OSError) as theirs:
+        list(tud.DataLoader(ds, batch_size=4, collate_fn=segmentation_collate, num_workers=workers))
+    with pytest.raises(OSError) as ours:
+        list(DataLoader(ds, batch_size=4, collate_fn=segmentation_collate, num_workers=workers, device="cpu"))
+    assert type(ours.value) is type(theirs.value)
+    assert "image file is truncated" in str(ours.value) + "".join(getattr(ours.value, "__notes__", []))
+    assert f"its target {mask}" in str(ours.value), str(ours.value)

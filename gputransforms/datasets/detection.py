@@ -77,6 +77,19 @@ def _oxford_pet(inner) -> tuple:
     return [str(p) for p in inner._images], raw
 
 
+def _target_files(inner) -> Optional[list]:
+    """The file each target of a wrapped dataset is read from (VOC's masks and XML annotations, the pets'
+    trimaps), by index: named beside the image where reading it raises; None where a target has none of its
+    own (COCO's annotations are one file, named by its own errors)."""
+    if isinstance(inner, torchvision.datasets.VOCSegmentation):
+        return list(inner.masks)
+    if isinstance(inner, torchvision.datasets.VOCDetection):
+        return list(inner.annotations)
+    if isinstance(inner, torchvision.datasets.OxfordIIITPet) and inner._target_types == ["segmentation"]:
+        return [str(p) for p in inner._segs]
+    return None
+
+
 #: the wrapped dataset classes, each: its image files, and its raw target by index (what its own
 #: __getitem__ reads besides the image; torchvision's wrapper then makes the tv_tensors)
 KINDS = {torchvision.datasets.CocoDetection: _coco, torchvision.datasets.VOCDetection: _voc_detection,
@@ -203,16 +216,17 @@ def _placeholder() -> np.ndarray:
     return files.bmp_of(np.zeros((1, 1, 3), dtype=np.uint8))
 
 
-def _as_written(joint, kind: str, shape, i: int, path: str, data: bytes, k, target):
+def _as_written(joint, kind: str, shape, i: int, path: str, data: bytes, k, target, named: Optional[str] = None):
     """Sample ``i`` run as written on the pixels PIL decodes from ``data`` (``target()`` makes its target);
-    its own error, if it has one, raised as torchvision raises it, with the file named."""
+    its own error, if it has one, raised as torchvision raises it, with the file named (``named``: the image's
+    and its target's)."""
     image = files.pil_rgb(i, path, data)
     if kind != "pil":
         image = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
     try:
         out = joint(tv_tensors.Image(image) if kind == "image" else image, target())
     except Exception as err:  # noqa: BLE001 - torchvision's (or the user's) error, the file named
-        _raise_named(err, i, path)
+        _raise_named(err, i, named or path)
     return out if shape is None else around(shape, k, *out)
 
 
@@ -339,6 +353,7 @@ class DetectionSamples(FileSamples):
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
         self.made_target = coco_targets.maker(ds)  # (None: torchvision's wrapper makes every target)
         self.made_mask = mask_targets.maker(ds)  # (None: torchvision's wrapper opens every mask)
+        self.target_files = _target_files(ds._dataset)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         self._start(ds, [paths[k] for k in index], list(index), joint, kind, origin)
 
@@ -353,6 +368,7 @@ class DetectionSamples(FileSamples):
         self.shape: Optional[discover.JointShape] = None
         self.user_steps: list = []  # the joint transform's own classes of the user's, recorded after a probe
         self.lazy_masks = False  # masks recorded and made in one gather (compiler.joint_masks), after a probe
+        self.target_files: Optional[list] = getattr(self, "target_files", None)  # by target index (its mask, XML)
 
     def record_with(self, program: recorded.JointProgram, origin: str) -> None:
         """Run the joint transform recorded, its pixel work in the graph as ``program``."""
@@ -368,6 +384,7 @@ class DetectionSamples(FileSamples):
                                                            self.target_of, self.targets)
         user = bool(self.user_steps)
         shape = self.shape
+        target_files = self.target_files  # (named in an error with the image: a mask PIL cannot read, say)
 
         lazy = [self.lazy_masks]  # cleared in this process the first time a sample's masks cannot be
 
@@ -395,12 +412,13 @@ class DetectionSamples(FileSamples):
                     torch.set_rng_state(state)
                     ops, target, out_kind = recorded.record(joint, size, target_of(k, img), kind)
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
-                if not (isinstance(e, recorded.Unrecordable) or user):
-                    _raise_named(e, i, path)  # torchvision's own error for this sample (it raises it too)
+                named = path if target_files is None else f"{path}, its target {target_files[k]}"
+                if not (isinstance(e, recorded.Unrecordable) or user):  # torchvision's own error (it raises it too)
+                    _raise_named(e, i, named)
                 # the sample runs as written, from the same RNG state, on the pixels PIL decodes. The graph gets
                 # a 1x1 placeholder in its place (its output is left unused), not the file to decode again.
                 torch.set_rng_state(state)
-                out = _as_written(joint, kind, shape, i, path, data, k, lambda: target_of(k, img))
+                out = _as_written(joint, kind, shape, i, path, data, k, lambda: target_of(k, img), named)
                 return (_placeholder(), program.identity((1, 1))), ("ready", _pickled(out))
             row = program.row(ops, size)
             if row is None:  # the graph's structure cannot express it: torchvision's kernels on PIL's pixels
