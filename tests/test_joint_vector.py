@@ -314,3 +314,159 @@ def test_a_chunks_targets_travel_as_one_table_and_load_as_each_pickled(device):
     assert pickled.Targets.of([{"a": torch.zeros(2)}, {"a": torch.zeros(2, dtype=torch.int64)}]) is None
     assert pickled.Targets.of([{"a": [1]}, {"a": [2]}]) is None
     assert pickled.Targets.of([{"a": torch.tensor(1)}, {"a": torch.tensor(2)}]) is None
+
+
+# --- chunks of segmentation samples (each target one mask) ----------------------------------------------------
+
+class _MaybeVFlip(v2.Transform):
+    """A user's class that draws (from torch's generator) and moves image and mask through a functional."""
+
+    def make_params(self, flat_inputs):
+        return dict(flip=bool(torch.rand(1) < 0.5))
+
+    def transform(self, inpt, params):
+        return v2.functional.vertical_flip(inpt) if params["flip"] else inpt
+
+
+def seg_chains(head: list, kind: str) -> dict:
+    """The segmentation reference's train preset (its own PadIfSmaller, a user's class), and chains of the classes
+    a chunk of masks carries, with per-type fills and dtypes, a user's class that draws, masks kept as Masks."""
+    from presets import PadIfSmaller, SegmentationPresetTrain
+
+    image = tv_tensors.Image if head and isinstance(head[0], v2.ToImage) or kind == "image" else torch.Tensor
+    return {
+        "reference": v2.Compose(head + SegmentationPresetTrain(base_size=120, crop_size=96, backend="pil")
+                                .transforms.transforms[:-3] + [v2.ToDtype(
+                                    {image: torch.float32, tv_tensors.Mask: torch.int64, "others": None}, scale=True),
+                                    v2.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+                                    v2.ToPureTensor()]),
+        "crop": v2.Compose(head + [v2.RandomResize(60, 200), v2.RandomHorizontalFlip(0.5), _MaybeVFlip(),
+                                   v2.RandomCrop(96, pad_if_needed=True, fill={tv_tensors.Mask: 255, "others": 0}),
+                                   v2.ToDtype({image: torch.float32, tv_tensors.Mask: torch.int64, "others": None},
+                                              scale=True), v2.Normalize(mean=[0.5] * 3, std=[0.2] * 3),
+                                   v2.ToPureTensor()]),
+        "masks kept": v2.Compose(head + [v2.RandomResize(50, 150), PadIfSmaller(120, fill={tv_tensors.Mask: 7,
+                                                                                           "others": 0}),
+                                         v2.RandomCrop((100, 110)), v2.RandomVerticalFlip(0.4)]),
+    }
+
+
+def _users(cls) -> bool:
+    from gputransforms.datasets.detection import _users_class
+
+    return _users_class(cls)
+
+
+def forced_seg(chain: v2.Compose, params: list) -> v2.Compose:
+    """``forced`` for the chains of ``seg_chains``: RandomResize's size, and a user's class run from the seed the
+    chunk gave its sample."""
+    out = copy.deepcopy(chain)
+    drawn = iter(params)
+    for t in out.transforms:
+        if isinstance(t, v2.RandomResize):
+            size = next(drawn)["size"]
+            t.make_params = lambda flat, size=size: {"size": [size]}
+        elif _users(type(t)):
+            seed, forward = next(drawn)["seed"], t.forward
+
+            def seeded(*inputs, seed=seed, forward=forward):
+                torch.default_generator.manual_seed(seed)
+                return forward(*inputs)
+            t.forward = seeded
+        elif isinstance(t, v2.RandomCrop):
+            p = dict(next(drawn))
+            t.make_params = lambda flat, p=p: p
+        elif isinstance(t, (v2.RandomHorizontalFlip, v2.RandomVerticalFlip)):
+            t.p = 1.0 if next(drawn)["flipped"] else 0.0
+    assert next(drawn, None) is None
+    return out
+
+
+@pytest.mark.parametrize("kind,head", [("pil", "image"), ("pil", "tensor"), ("image", "image")])
+@pytest.mark.parametrize("name", ["reference", "crop", "masks kept"])
+def test_a_chunk_of_masks_is_what_torchvision_makes_with_its_parameters(kind, head, name):
+    """Each sample's record, mask and output type equal torchvision's own forward with the chunk's parameters
+    (and the user's classes run from the sample's seed), its masks moved by torchvision's kernels on the real
+    masks: 1xHxW and HxW uint8 masks, sizes below and above the crop, per-type fills and dtypes."""
+    from gputransforms.compiler import joint_masks
+
+    with joint.recording():
+        chain = seg_chains(HEADS[head] if kind == "pil" else [v2.ToImage()], kind)[name]
+        steps = joint_vector.plan(chain, vector_of, _users)
+        assert steps is not None and joint_vector.plan(chain, vector_of) is None
+        rng = np.random.default_rng(hash((kind, head, name)) % 2 ** 32)
+        sizes = [(int(rng.integers(30, 260)), int(rng.integers(30, 260))) for _ in range(30)]
+        masks = [tv_tensors.Mask(torch.from_numpy(rng.integers(0, 21, ((1,) if k % 3 else ()) + s, dtype=np.uint8)))
+                 for k, s in enumerate(sizes)]
+        u = joint_vector.uniforms(list(range(200, 230)), sum(v.draws for _, v in steps))
+        assert joint_vector.record(steps, kind, sizes, masks, u) == [None] * 30  # (masks not asked for: none)
+        params: list = []
+        got = joint_vector.record(steps, kind, sizes, [m.clone() for m in masks], u, params, masks=True)
+        assert all(g is not None for g in got)
+        drawn = iter(params)
+        for size, mask, ours in zip(sizes, masks, got):
+            theirs = joint.record(forced_seg(chain, next(drawn)), size, mask.clone(), kind)
+            assert joint.same(ours[0], theirs[0]), (ours[0], theirs[0])
+            mine = joint_masks.widened(ours[1])
+            assert type(mine) is type(theirs[1]) and mine.dtype == theirs[1].dtype, (type(mine), mine.dtype)
+            assert torch.equal(mine, theirs[1]) and ours[2] == theirs[2]
+
+
+def test_a_chunk_of_masks_resizes_as_torchvisions_random_resize_draws():
+    """RandomResize's sizes over 4,000 samples against torchvision's own make_params (two-sample KS, p = 0.001),
+    every size within [min_size, max_size)."""
+    n = 4000
+    with joint.recording():
+        chain = v2.Compose([v2.ToImage(), v2.RandomResize(60, 200)])
+        steps = joint_vector.plan(chain, vector_of, _users)
+        mask = tv_tensors.Mask(torch.zeros(1, 80, 90, dtype=torch.uint8))
+        params: list = []
+        joint_vector.record(steps, "pil", [(80, 90)] * n, [mask] * n, joint_vector.uniforms(list(range(n)), 1), params,
+                            masks=True)
+    ours = np.asarray([p[0]["size"] for p in params])
+    torch.manual_seed(0)
+    theirs = np.asarray([v2.RandomResize(60, 200).make_params([])["size"][0] for _ in range(n)])
+    assert ours.min() >= 60 and ours.max() < 200
+    assert _ks(ours.astype(np.float64), theirs.astype(np.float64)) < 1.95 * np.sqrt(2 / n)
+
+
+@pytest.fixture(scope="module")
+def voc(photo_folder, tmp_path_factory):
+    return sampledata.write_voc(photo_folder, tmp_path_factory.mktemp("voc"), seed=4)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)])
+def test_the_loaders_workers_record_chunks_of_masks(voc, monkeypatch, device):
+    """The segmentation reference's preset on a wrapped VOCSegmentation with workers: recorded a chunk at a time
+    (explain() says so, its PadIfSmaller sample by sample); every sample once an epoch, each image 96 x 96 with a
+    96 x 96 int64 mask of VOC's classes and PadIfSmaller's 255, the same epoch again from the same seed and with
+    chunks of 3; recorded one by one instead, the samples draw otherwise."""
+    from presets import SegmentationPresetTrain
+
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCSegmentation(
+        str(voc), year="2012", image_set="train", transforms=SegmentationPresetTrain(base_size=120, crop_size=96)))
+
+    def epoch(chunk=None):
+        if chunk:
+            monkeypatch.setattr(feed.ProcessDecoders, "CHUNK_LARGE", chunk)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            loader = DataLoader(ds, batch_size=6, collate_fn=lambda b: tuple(zip(*b)), device=device, num_workers=2,
+                                shuffle=True, generator=torch.Generator().manual_seed(3))
+        assert loader.backend == "dali", loader.reason
+        out = []
+        for images, masks in loader:
+            for img, m in zip(images, masks):
+                assert img.shape == (3, 96, 96) and img.dtype == torch.float32 and type(m) is torch.Tensor
+                assert m.shape == (1, 96, 96) and m.dtype == torch.int64 and m.device == img.device
+                assert set(m.unique().tolist()) <= set(range(21)) | {255}
+                out.append((round(img.sum().item(), 2), m.sum().item()))
+        return loader, out
+
+    loader, first = epoch()
+    assert "sample by sample from a seed" in loader.explain()
+    assert len(first) == len(ds)
+    assert epoch()[1] == first
+    assert epoch(3)[1] == first
+    monkeypatch.setattr(joint_vector, "ENABLED", [False])
+    assert sorted(epoch()[1]) != sorted(first)

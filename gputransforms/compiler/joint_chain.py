@@ -365,9 +365,9 @@ def _modules(compose):
 
 def plan_of(compose, chain_of: Callable) -> Optional[list]:
     """``_plan`` without the keeping (explain() asks it)."""
-    if any(t._forward_hooks or t._forward_pre_hooks or any(k in t.__dict__ for k in _OWN)
-           for t in _modules(compose)):
-        return None
+    if any(not isinstance(t, torch.nn.Module) or t._forward_hooks or t._forward_pre_hooks or
+           any(k in t.__dict__ for k in _OWN) for t in _modules(compose)):
+        return None  # (a function, or a module with hooks or methods of its own)
     out = [(t, chain_of(type(t))) for t in _modules(compose) if type(t) is not v2.Compose]
     return out if all(step is not None for _, step in out) else None
 

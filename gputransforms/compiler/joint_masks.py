@@ -148,7 +148,9 @@ def realize(ops: list) -> torch.Tensor:
         else:
             _step(name, a, h, w, rows, cols, code)
     src = source.as_subclass(torch.Tensor).numpy()
-    out = src[..., np.clip(rows.map, 0, None), :][..., np.clip(cols.map, 0, None)]
+    # (the columns taken with np.take, whose output is C-ordered: ``[..., cols]``'s is not, and the pickler's copy
+    # of it to send it took as long as the gather)
+    out = np.take(src[..., np.clip(rows.map, 0, None), :], np.clip(cols.map, 0, None), axis=-1)
     for k, value in enumerate(fills):  # in the order the functionals made them: a later one is outermost
         out[..., rows.map == -1 - k, :] = value
         out[..., cols.map == -1 - k] = value

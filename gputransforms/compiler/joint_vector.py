@@ -39,7 +39,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import _find_labels_default_heuristic, _get_fill
 
-from . import joint_chain, joint_record
+from . import joint_chain, joint_masks, joint_record
 
 _BBF = tv_tensors.BoundingBoxFormat
 _F32 = np.float32
@@ -76,6 +76,10 @@ class _Chunk:
         self.owner = np.repeat(np.arange(n), self.counts)
         self.ch, self.cw = self.h.copy(), self.w.copy()  # each sample's boxes' canvas
         self.params: Optional[list] = None  # each sample's parameters per step, where asked (the tests)
+        #: a chunk of segmentation samples (each target one uint8 Mask): each mask's record, as ``joint_masks``
+        #: makes it in one gather (its source first, then each functional with its arguments and the size before)
+        self.masks: Optional[list] = None
+        self.mask_dtype = torch.uint8
 
     def record(self, functional, samples, kwargs_of: Callable, varying: Callable, after: Callable) -> None:
         """``functional`` recorded on each of ``samples`` (indices), with ``kwargs_of(j)``: the first sample's
@@ -98,7 +102,15 @@ class _Chunk:
             self.ops[j].append(op)
 
     def moving_boxes(self) -> bool:
-        return not self.plain
+        return not self.plain and self.masks is None
+
+    def mask_op(self, samples, name: str, args_of: Callable) -> None:
+        """``name`` with ``args_of(j)`` on the mask of each of ``samples`` (a chunk of masks), at its size before
+        (call before the images' step moves the sizes)."""
+        if self.masks is None:
+            return
+        for j in samples:
+            self.masks[j].append((name, args_of(j), (int(self.h[j]), int(self.w[j]))))
 
     def size_of(self, j: int) -> tuple:
         return int(self.h[j]), int(self.w[j])
@@ -151,10 +163,41 @@ def _pil_to_tensor(t, c: _Chunk, u) -> None:
 
 
 def _to_dtype(t, c: _Chunk, u) -> None:
+    """The image's dtype (torchvision's lookup: a plain dtype for images alone, or per type, with "others"); a
+    chunk of masks' dtype by the same lookup. Per-type dtypes only where the chunk's target is its masks (the
+    boxes' and labels' per-type dtypes, and torchvision's warnings for a dict of both tensors and images, are
+    left to the one-by-one recording)."""
+    image_dtype = t.dtype
     if not isinstance(t.dtype, torch.dtype):
-        raise _Off  # per-type dtypes
+        if c.masks is None or c.kind == "pil" or torch.Tensor in t.dtype and tv_tensors.Image in t.dtype:
+            raise _Off
+        image_dtype = _per_type(t.dtype, joint_record._KIND_CLASS[c.kind])
+        mask_dtype = _per_type(t.dtype, tv_tensors.Mask)
+        if mask_dtype is not None:
+            c.mask_op(c.live(), "to_dtype", lambda j: dict(dtype=mask_dtype, scale=t.scale))
+            c.mask_dtype = mask_dtype
+        if image_dtype is None:
+            if t.scale:
+                raise _Off  # (torchvision warns that nothing is scaled)
+            return
     if c.kind != "pil":
-        c.record(F.to_dtype, c.live(), lambda j: dict(dtype=t.dtype, scale=t.scale), _NOTHING, c.size_of)
+        c.record(F.to_dtype, c.live(), lambda j: dict(dtype=image_dtype, scale=t.scale), _NOTHING, c.size_of)
+
+
+def _per_type(dtypes: dict, cls: type):
+    """``ToDtype``'s dtype for inputs of ``cls`` (None: left as it is); _Off where torchvision raises."""
+    if cls in dtypes:
+        return dtypes[cls]
+    if "others" in dtypes:
+        return dtypes["others"]
+    raise _Off
+
+
+def _normalize(t, c: _Chunk, u) -> None:
+    """The image normalized (a float image's: torchvision raises for others, one by one); masks pass."""
+    if c.kind == "pil" or not c.dtype.is_floating_point:
+        raise _Off
+    c.record(F.normalize, c.live(), lambda j: dict(mean=t.mean, std=t.std, inplace=t.inplace), _NOTHING, c.size_of)
 
 
 def _to_pure_tensor(t, c: _Chunk, u) -> None:
@@ -193,17 +236,36 @@ def _shortest_size(t, c: _Chunk, u) -> np.ndarray:
     return np.stack([(h * r).astype(np.int64), (w * r).astype(np.int64)], axis=1)
 
 
-def _resize_drawn(draw: Callable) -> Callable:
+def _random_resize(t, c: _Chunk, u) -> np.ndarray:
+    """``RandomResize``'s size uniform over ``[min_size, max_size)`` (``torch.randint``), the shorter side resized
+    to it as torchvision's ``_compute_resized_output_size`` does (the longer by Python's float quotient)."""
+    span = t.max_size - t.min_size
+    if span <= 0:
+        raise _Off  # (torch.randint raises)
+    short = t.min_size + np.minimum((u[:, 0].astype(_F64) * span).astype(np.int64), span - 1)
+    h, w = c.h.astype(np.int64), c.w.astype(np.int64)
+    tall = w <= h
+    lo, hi = np.where(tall, w, h), np.where(tall, h, w)
+    long = (short * hi.astype(_F64) / lo.astype(_F64)).astype(np.int64)
+    c.drawn_short = short
+    return np.stack([np.where(tall, long, short), np.where(tall, short, long)], axis=1)
+
+
+def _resize_drawn(draw: Callable, as_asked: bool = False) -> Callable:
     def step(t, c: _Chunk, u) -> None:
-        """A resize to the drawn size, with the class's interpolation (``joint_chain._resize_drawn``)."""
+        """A resize to the drawn size, with the class's interpolation (``joint_chain._resize_drawn``); ``as_asked``:
+        recorded as the class asks it (``RandomResize``: the shorter side's length alone)."""
         size = draw(t, c, u)
         live = c.live()
         oh, ow = c.ch.copy(), c.cw.copy()
-        sized = lambda j: dict(size=(int(size[j, 0]), int(size[j, 1])))  # noqa: E731
+        short = c.drawn_short if as_asked else None
+        sized = (lambda j: dict(size=[int(short[j])])) if as_asked else \
+            (lambda j: dict(size=(int(size[j, 0]), int(size[j, 1]))))  # noqa: E731
+        c.mask_op(live, "resize", sized)
         c.record(F.resize, live, lambda j: dict(sized(j), interpolation=t.interpolation, antialias=t.antialias),
                  sized, lambda j: (int(size[j, 0]), int(size[j, 1])))
         for j in live if c.params is not None else ():
-            c.keep(j, size=(int(size[j, 0]), int(size[j, 1])))
+            c.keep(j, size=int(short[j]) if as_asked else (int(size[j, 0]), int(size[j, 1])))
         if c.moving_boxes():  # ``resize_bounding_boxes``: the ratios of Python's quotients as float32
             moved = np.zeros(len(oh), dtype=bool)
             moved[live] = (size[live, 0] != oh[live]) | (size[live, 1] != ow[live])
@@ -238,6 +300,7 @@ def _random_crop(t, c: _Chunk, u) -> None:
     padded = live[(pad_left[live] | pad_right[live] | pad_top[live] | pad_bottom[live]) != 0]
     cropped = live[(ph[live] > crop_h) | (pw[live] > crop_w)]
     fill = _get_fill(t._fill, joint_record._KIND_CLASS[c.kind])
+    mask_fill = _get_fill(t._fill, tv_tensors.Mask)
     for j in live if c.params is not None else ():
         c.keep(j, needs_crop=bool(ph[j] > crop_h or pw[j] > crop_w), top=int(top[j]), left=int(left[j]),
                height=crop_h, width=crop_w, needs_pad=bool(pad_left[j] or pad_top[j] or pad_right[j] or pad_bottom[j]),
@@ -245,6 +308,7 @@ def _random_crop(t, c: _Chunk, u) -> None:
     if len(padded):
         padding = lambda j: dict(padding=[int(pad_left[j]), int(pad_top[j]), int(pad_right[j]),  # noqa: E731
                                           int(pad_bottom[j])])
+        c.mask_op(padded, "pad", lambda j: dict(padding(j), fill=mask_fill, padding_mode=t.padding_mode))
         c.record(F.pad, padded, lambda j: dict(padding(j), fill=fill, padding_mode=t.padding_mode), padding,
                  lambda j: (int(c.h[j] + pad_top[j] + pad_bottom[j]), int(c.w[j] + pad_left[j] + pad_right[j])))
         if c.moving_boxes():
@@ -256,6 +320,7 @@ def _random_crop(t, c: _Chunk, u) -> None:
             _move_some(c, at, dx, dy, +1)
     if len(cropped):
         offsets = lambda j: dict(top=int(top[j]), left=int(left[j]))  # noqa: E731
+        c.mask_op(cropped, "crop", lambda j: dict(offsets(j), height=crop_h, width=crop_w))
         c.record(F.crop, cropped, lambda j: dict(offsets(j), height=crop_h, width=crop_w), offsets,
                  lambda j: (crop_h, crop_w))
         if c.moving_boxes():
@@ -283,6 +348,7 @@ def _flip(horizontal: bool) -> Callable:
         flipped = np.flatnonzero(at)
         for j in c.live() if c.params is not None else ():
             c.keep(j, flipped=bool(at[j]))
+        c.mask_op(flipped, functional.__name__, _NOTHING)
         c.record(functional, flipped, lambda j: {}, _NOTHING, c.size_of)
         if c.moving_boxes() and len(flipped):
             rows = at[c.owner]
@@ -294,7 +360,8 @@ def _flip(horizontal: bool) -> Callable:
 def _sanitize(t, c: _Chunk, u) -> None:
     """``joint_chain._sanitize`` for every sample: the boxes kept by ``valid_xyxy`` on their canvases, and the
     labels with them."""
-    if not c.moving_boxes() or c.fmt != _BBF.XYXY or t._labels_getter is not _find_labels_default_heuristic:
+    if c.masks is not None or not c.moving_boxes() or c.fmt != _BBF.XYXY or \
+            t._labels_getter is not _find_labels_default_heuristic:
         raise _Off
     keys = [None] * len(c.targets)
     for j in c.live():
@@ -324,12 +391,67 @@ def _sanitize(t, c: _Chunk, u) -> None:
     c.counts = np.bincount(c.owner, minlength=len(c.counts)).astype(np.int64)
 
 
+#: a stand-in of each kind of image, for a class of the user's recorded sample by sample (``_per_sample``)
+_LIKE = {"image": lambda: tv_tensors.Image(torch.empty(1, 1)), "tensor": lambda: torch.empty(0)}
+_MASK_LIKE = tv_tensors.Mask(torch.empty(0, 0, dtype=torch.uint8))
+
+
+def _per_sample(t, c: _Chunk, u) -> None:
+    """A class of the user's own (the segmentation reference's ``PadIfSmaller``), in a chunk of masks: each sample
+    recorded through it on stand-ins, as the one-by-one recording does (the worker's recording kernels, swapped in
+    for the process), its draws from torch's CPU generator seeded from the sample's two uniforms. A sample it does
+    not leave as an image and a mask with records of their own (it read the pixels or the mask's values, raised,
+    returned something else) is left out."""
+    if c.masks is None or c.kind not in _LIKE:
+        raise _Off
+    gen = torch.default_generator
+    state = gen.get_state()
+    prev = getattr(joint_record._LOCAL, "record", None)
+    try:
+        for j in c.live():
+            gen.manual_seed(int(u[j, 0] * (1 << 24)) << 24 | int(u[j, 1] * (1 << 24)))
+            if c.params is not None:
+                c.keep(j, seed=gen.initial_seed())
+            rec = joint_record._Record()
+            rec.masks_in = set()  # (masks recorded: a mask stand-in guarded while recording, joint._guarding)
+            h, w = int(c.h[j]), int(c.w[j])
+            image = rec.stand_in(_LIKE[c.kind](), (3, h, w), c.dtype, c.ops[j])
+            lead = c.masks[j][0][1]["source"].shape[:-2]
+            mask = rec.stand_in(_MASK_LIKE, (*lead, h, w), c.mask_dtype, c.masks[j])
+            joint_record._LOCAL.record = rec
+            try:
+                out = t(image, mask)
+            except Exception:  # noqa: BLE001 - its own error, or the recording's refusal: raised one by one
+                out = None
+            finally:
+                joint_record._LOCAL.record = prev
+            if not isinstance(out, tuple) or len(out) != 2 or type(out[0]) is not type(image) or \
+                    type(out[1]) is not type(mask) or out[0].dtype != c.dtype or out[1].dtype != c.mask_dtype:
+                c.off[j] = True
+                continue
+            ops, mask_ops = rec.ops.get(out[0].data_ptr()), rec.ops.get(out[1].data_ptr())
+            if ops is None or mask_ops is None or not joint_masks.made(mask_ops) or joint_masks.made(ops) or \
+                    tuple(out[0].shape[-2:]) != tuple(out[1].shape[-2:]) or out[0].shape[0] != 3:
+                c.off[j] = True
+                continue
+            c.ops[j], c.masks[j] = ops, mask_ops
+            c.h[j], c.w[j] = out[0].shape[-2:]
+    finally:
+        gen.set_state(state)
+        joint_record._LOCAL.record = prev
+
+
+#: the step of a class of the user's own (``plan``'s ``user``)
+PER_SAMPLE = Vector(_per_sample, 2)
+
+
 def steps() -> dict:
     """The classes a chunk is recorded with, by exact class (the registry's ``vector`` entries)."""
     return {v2.ToImage: Vector(_to_image), v2.PILToTensor: Vector(_pil_to_tensor), v2.ToDtype: Vector(_to_dtype),
             v2.ToPureTensor: Vector(_to_pure_tensor), v2.ConvertBoundingBoxFormat: Vector(_convert_format),
             v2.ScaleJitter: Vector(_resize_drawn(_scale_jitter), 1),
             v2.RandomShortestSize: Vector(_resize_drawn(_shortest_size), 1),
+            v2.RandomResize: Vector(_resize_drawn(_random_resize, as_asked=True), 1), v2.Normalize: Vector(_normalize),
             v2.RandomCrop: Vector(_random_crop, 2),
             v2.RandomHorizontalFlip: Vector(_flip(True), 1), v2.RandomVerticalFlip: Vector(_flip(False), 1),
             v2.SanitizeBoundingBoxes: Vector(_sanitize)}
@@ -337,17 +459,19 @@ def steps() -> dict:
 
 # --- a chunk --------------------------------------------------------------------------------------------------
 
-def plan(joint, vector_of: Callable) -> Optional[list]:
+def plan(joint, vector_of: Callable, user: Callable = None) -> Optional[list]:
     """(transform, its ``Vector``) for each transform of ``joint``, a v2 Compose (nested ones flattened) of
     classes with a ``vector`` entry and no hooks or methods of the instance's own, or an object whose call is
     ``return self.transforms(image, target)`` of one (the detection reference's ``DetectionPresetTrain``);
-    else None."""
+    else None. ``user(cls)``: whether a class without an entry is one of the user's own, recorded sample by
+    sample in a chunk of masks (``PER_SAMPLE``); None: none is."""
     if type(joint) is not v2.Compose and _calls_its_transforms(type(joint)):
         joint = joint.transforms
     if not ENABLED[0] or type(joint) is not v2.Compose or torch.get_default_dtype() != torch.float32 or \
             any(getattr(_nn_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")):
         return None
-    out = joint_chain.plan_of(joint, vector_of)
+    out = joint_chain.plan_of(joint, vector_of if user is None else
+                              lambda cls: vector_of(cls) or (PER_SAMPLE if user(cls) else None))
     if out is None or any(t._forward_hooks or t._forward_pre_hooks for t, _ in out):
         return None
     return out
@@ -380,10 +504,13 @@ def uniforms(seeds: list, draws: int) -> np.ndarray:
     return out
 
 
-def carried(target, size: tuple):
+def carried(target, size: tuple, masks: bool = False):
     """The target's BoundingBoxes key and itself where the chunk carries this target (``joint_chain._boxes_of``:
     one float32 XYXY / XYWH BoundingBoxes, here on the image's canvas, plain CPU tensors and plain values);
-    else None."""
+    ``masks``: also a target that is one mask the gather takes (``joint_masks.wanted``) of the image's size,
+    as (``MASK``, itself); else None."""
+    if masks and type(target) is tv_tensors.Mask:
+        return (MASK, target) if joint_masks.wanted(target) and tuple(target.shape[-2:]) == tuple(size) else None
     if type(target) is not dict:
         return None
     try:
@@ -393,21 +520,36 @@ def carried(target, size: tuple):
     return (key, boxes) if boxes is not None and tuple(boxes.canvas_size) == tuple(size) else None
 
 
+#: ``carried``'s key for a target that is one mask
+MASK = "\0mask"
+_ONE_BOX = tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(1, 1))  # (a chunk of masks' stand-in)
+
+
 def record(steps: list, kind: str, sizes: list, targets: list, u: np.ndarray,
-           params: Optional[list] = None) -> list:
+           params: Optional[list] = None, masks: bool = False) -> list:
     """Each sample's (record, target, the output's type: "image" or "tensor") after ``steps`` (``plan``), or
     None for one the chunk does not carry. ``sizes``: the images' (h, w); ``u``: the uniforms (``uniforms``),
-    each step taking its ``draws`` columns in order; ``params``: a list that gets each sample's parameters."""
+    each step taking its ``draws`` columns in order; ``params``: a list that gets each sample's parameters;
+    ``masks``: targets that are one mask each are carried too (where a probe showed that the joint transform moves
+    them only through their functionals: ``joint.masks_blind``), each made in one gather (``joint_masks``)."""
     n = len(targets)
-    got = [carried(t, s) for t, s in zip(targets, sizes)]
+    got = [carried(t, s, masks) for t, s in zip(targets, sizes)]
     first = next((g for g in got if g is not None), None)
     if first is None:
         return [None] * n
-    same = [g is not None and g[0] == first[0] and g[1].format == first[1].format and
-            getattr(g[1], "clamping_mode", "soft") == getattr(first[1], "clamping_mode", "soft") for g in got]
-    likes = [g[1] if ok else _NO_BOXES for g, ok in zip(got, same)]
+    if first[0] == MASK:
+        same = [g is not None and g[0] == MASK for g in got]
+        likes = [_NO_BOXES] * n
+        first = (None, _ONE_BOX)
+    else:
+        same = [g is not None and g[0] == first[0] and g[1].format == first[1].format and
+                getattr(g[1], "clamping_mode", "soft") == getattr(first[1], "clamping_mode", "soft") for g in got]
+        likes = [g[1] if ok else _NO_BOXES for g, ok in zip(got, same)]
     c = _Chunk(kind, np.asarray(sizes, dtype=np.int64).reshape(n, 2), targets, first[0], first[1], likes)
     c.off |= ~np.asarray(same, dtype=bool)
+    if first[0] is None:
+        c.masks = [[(joint_masks.SOURCE, {"source": g[1]}, tuple(s))] if g is not None else None
+                   for g, s in zip(got, sizes)]
     if params is not None:
         c.params = [[] for _ in range(n)]
     col = 0
@@ -421,6 +563,8 @@ def record(steps: list, kind: str, sizes: list, targets: list, u: np.ndarray,
         return [None] * n  # (the recording's Unrecordable: the output is not a tensor)
     out_kind = "image" if c.kind == "image" else "tensor"
     starts = np.concatenate([[0], np.cumsum(c.counts)])
+    if c.masks is not None:
+        return _masks_out(c, out_kind, params)
     out: list = []
     for j in range(n):
         if c.off[j]:
@@ -431,6 +575,30 @@ def record(steps: list, kind: str, sizes: list, targets: list, u: np.ndarray,
         target[c.box_key] = b if c.plain else \
             tv_tensors.wrap(b, like=likes[j], format=c.fmt, canvas_size=(int(c.ch[j]), int(c.cw[j])))
         out.append((c.ops[j], target, out_kind))
+        if params is not None:
+            params.append(c.params[j])
+    return out
+
+
+def _masks_out(c: _Chunk, out_kind: str, params: Optional[list]) -> list:
+    """A chunk of masks' samples: each mask made from its record in one gather (``joint._made``'s way: its type
+    kept until ToPureTensor), or None where the gather refuses it (recorded one by one)."""
+    out: list = []
+    for j in range(len(c.masks)):
+        if c.off[j]:
+            out.append(None)
+            continue
+        ops = c.masks[j]
+        try:
+            mask = ops[0][1]["source"].as_subclass(torch.Tensor) if len(ops) == 1 else joint_masks.realize(ops)
+        except joint_masks.MaskUnrecordable:
+            out.append(None)
+            continue
+        if not c.plain:
+            wrapped = mask.as_subclass(tv_tensors.Mask)
+            wrapped.__dict__.update(mask.__dict__)
+            mask = wrapped
+        out.append((c.ops[j], mask, out_kind))
         if params is not None:
             params.append(c.params[j])
     return out

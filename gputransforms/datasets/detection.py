@@ -159,14 +159,19 @@ def _raise_named(err: Exception, i: int, path: str):
 
 
 def _chunk_reader(joint, kind: str, program, shape, paths: list, targets: list, target_of, gpu: bool,
-                  check_jpeg_scan: bool):
-    """A recorded reader's ``many``: a worker's chunk of (index, seed) recorded together (``joint_vector``)."""
+                  check_jpeg_scan: bool, lazy: list):
+    """A recorded reader's ``many``: a worker's chunk of (index, seed) recorded together (``joint_vector``).
+    ``lazy[0]``: the masks are recorded (``DetectionSamples.lazy_masks``, until a sample's cannot be): a chunk
+    whose targets are masks is carried, a class of the user's own recorded in it sample by sample."""
 
     def many(chunk: list) -> list:
         """``read`` of each (index, seed[, True: its file decoded by PIL]) of a worker's chunk, recorded together
         where ``joint_vector`` carries them, each from its seed; None for a sample it leaves (read one by one,
         where its file or target is named if bad)."""
-        steps = joint_vector.plan(joint, vector_of)
+        if tud.get_worker_info() is not None:  # a worker process only records: the kernels stay swapped (a class
+            recorded.keep_recording()  # of the user's is recorded through them in a chunk too)
+        masks = lazy[0]
+        steps = joint_vector.plan(joint, vector_of, _users_class if masks else None)
         if steps is None:
             return [None] * len(chunk)
         read_in = [_read_in(i, paths[i], targets[i], target_of, gpu, check_jpeg_scan, bool(pil))
@@ -174,7 +179,8 @@ def _chunk_reader(joint, kind: str, program, shape, paths: list, targets: list, 
         seeds = [item[1] for item, got in zip(chunk, read_in) if got is not None]
         ok = [got for got in read_in if got is not None]
         records = iter(joint_vector.record(steps, kind, [got[1] for got in ok], [got[2] for got in ok],
-                                           joint_vector.uniforms(seeds, sum(v.draws for _, v in steps))))
+                                           joint_vector.uniforms(seeds, sum(v.draws for _, v in steps)),
+                                           masks=masks))
         out: list = []
         for (i, *_), got in zip(chunk, read_in):
             done = next(records) if got is not None else None
@@ -430,7 +436,7 @@ class DetectionSamples(FileSamples):
                 target = around(shape, k, None, target)
             return (encoded, row), (out_kind, _pickled(target))
 
-        read.many = _chunk_reader(joint, kind, program, shape, paths, targets, target_of, gpu, check_jpeg_scan)
+        read.many = _chunk_reader(joint, kind, program, shape, paths, targets, target_of, gpu, check_jpeg_scan, lazy)
         return read
 
     def target(self, i: int):
@@ -529,11 +535,13 @@ class DetectionSamples(FileSamples):
                 lines.append("  (in one pass: every step is a class the pass restates, its boxes moved as NumPy; a "
                              "sample whose target it does not carry, such as masks or float64 boxes, is recorded "
                              "step by step: compiler/joint_chain.py)")
-            if joint_vector.plan(self.joint, vector_of) is not None:
+            if joint_vector.plan(self.joint, vector_of, _users_class if self.lazy_masks else None) is not None:
                 lines.append("  (with worker processes, each worker's chunk of samples at once: each sample's "
                              "parameters from its own seed, with torchvision's distributions, and the chunk's boxes "
-                             "moved as one array; without workers, drawn from torch's RNG as torch's DataLoader "
-                             "draws them: compiler/joint_vector.py)")
+                             "moved as one array or its masks each made in one gather"
+                             + (", your own class(es) recorded sample by sample from a seed of the sample's" if
+                                self.user_steps else "") + "; without workers, drawn from torch's RNG as torch's "
+                             "DataLoader draws them: compiler/joint_vector.py)")
             if self.lazy_masks and "Mask" in types:
                 lines.append("  (masks: recorded with the image, then each made in one gather of its source: every "
                              "crop, pad, flip and nearest resize at once, exactly torchvision's)")
@@ -768,6 +776,13 @@ def _user_class(t) -> bool:
     if function is not None:
         return not (function.__module__ or "").startswith("torchvision.")
     return isinstance(t, v2.Transform) and not type(t).__module__.startswith("torchvision.")
+
+
+def _users_class(cls: type) -> bool:
+    """A transform class of the user's own (``_user_class``'s, of a class)."""
+    from torchvision.transforms import v2
+
+    return issubclass(cls, v2.Transform) and not cls.__module__.startswith("torchvision.")
 
 
 def _function_of(t):
