@@ -412,6 +412,19 @@ def test_a_chunk_of_masks_is_what_torchvision_makes_with_its_parameters(kind, he
             assert torch.equal(mine, theirs[1]) and ours[2] == theirs[2]
 
 
+def test_a_users_class_is_planned_in_a_chunk_only_where_it_meets_a_tensor():
+    """The segmentation reference's preset with --backend pil hands its PadIfSmaller a PIL image: no chunk is
+    planned (its samples are recorded one by one, their files read once); with tv_tensor or tensor it is. A
+    worker's chunk whose first target is not one mask is left before the others' files are read."""
+    from presets import SegmentationPresetTrain
+
+    plans = {b: joint_vector.plan(SegmentationPresetTrain(base_size=120, crop_size=96, backend=b), vector_of, _users,
+                                  "pil") for b in ("pil", "tensor", "tv_tensor")}
+    assert plans["pil"] is None and plans["tensor"] is not None and plans["tv_tensor"] is not None
+    assert joint_vector.plan(SegmentationPresetTrain(base_size=120, crop_size=96, backend="pil"), vector_of, None,
+                             "pil") is None  # (no class of the user's: none planned at all)
+
+
 def test_a_chunk_of_masks_resizes_as_torchvisions_random_resize_draws():
     """RandomResize's sizes over 4,000 samples against torchvision's own make_params (two-sample KS, p = 0.001),
     every size within [min_size, max_size)."""

@@ -459,12 +459,13 @@ def steps() -> dict:
 
 # --- a chunk --------------------------------------------------------------------------------------------------
 
-def plan(joint, vector_of: Callable, user: Callable = None) -> Optional[list]:
+def plan(joint, vector_of: Callable, user: Callable = None, kind: Optional[str] = None) -> Optional[list]:
     """(transform, its ``Vector``) for each transform of ``joint``, a v2 Compose (nested ones flattened) of
     classes with a ``vector`` entry and no hooks or methods of the instance's own, or an object whose call is
     ``return self.transforms(image, target)`` of one (the detection reference's ``DetectionPresetTrain``);
     else None. ``user(cls)``: whether a class without an entry is one of the user's own, recorded sample by
-    sample in a chunk of masks (``PER_SAMPLE``); None: none is."""
+    sample in a chunk of masks (``PER_SAMPLE``); None: none is. ``kind``: the images' kind as the dataset hands
+    them, where a class of the user's would meet a PIL image (which its step does not take): None."""
     if type(joint) is not v2.Compose and _calls_its_transforms(type(joint)):
         joint = joint.transforms
     if not ENABLED[0] or type(joint) is not v2.Compose or torch.get_default_dtype() != torch.float32 or \
@@ -474,6 +475,11 @@ def plan(joint, vector_of: Callable, user: Callable = None) -> Optional[list]:
                               lambda cls: vector_of(cls) or (PER_SAMPLE if user(cls) else None))
     if out is None or any(t._forward_hooks or t._forward_pre_hooks for t, _ in out):
         return None
+    for t, v in out if kind is not None else ():  # (the kinds the steps hand on, as the chunk's steps set them)
+        if v is PER_SAMPLE and kind == "pil":
+            return None
+        kind = "image" if type(t) is v2.ToImage else "tensor" if type(t) is v2.PILToTensor and kind == "pil" or \
+            type(t) is v2.ToPureTensor and kind == "image" else kind
     return out
 
 

@@ -171,11 +171,15 @@ def _chunk_reader(joint, kind: str, program, shape, paths: list, targets: list, 
         if tud.get_worker_info() is not None:  # a worker process only records: the kernels stay swapped (a class
             recorded.keep_recording()  # of the user's is recorded through them in a chunk too)
         masks = lazy[0]
-        steps = joint_vector.plan(joint, vector_of, _users_class if masks else None)
+        steps = joint_vector.plan(joint, vector_of, _users_class if masks else None, kind)
         if steps is None:
             return [None] * len(chunk)
-        read_in = [_read_in(i, paths[i], targets[i], target_of, gpu, check_jpeg_scan, bool(pil))
-                   for i, _, *pil in chunk]
+        read_in = []
+        for i, _, *pil in chunk:
+            read_in.append(_read_in(i, paths[i], targets[i], target_of, gpu, check_jpeg_scan, bool(pil)))
+            if len(read_in) == 1 and read_in[0] is not None and type(read_in[0][2]) is not tv_tensors.Mask and \
+                    any(v is joint_vector.PER_SAMPLE for _, v in steps):
+                return [None] * len(chunk)  # (a class of the user's is recorded in a chunk of masks only)
         seeds = [item[1] for item, got in zip(chunk, read_in) if got is not None]
         ok = [got for got in read_in if got is not None]
         records = iter(joint_vector.record(steps, kind, [got[1] for got in ok], [got[2] for got in ok],
@@ -535,7 +539,7 @@ class DetectionSamples(FileSamples):
                 lines.append("  (in one pass: every step is a class the pass restates, its boxes moved as NumPy; a "
                              "sample whose target it does not carry, such as masks or float64 boxes, is recorded "
                              "step by step: compiler/joint_chain.py)")
-            if joint_vector.plan(self.joint, vector_of, _users_class if self.lazy_masks else None) is not None:
+            if joint_vector.plan(self.joint, vector_of, _users_class if self.lazy_masks else None, self.kind) is not None:
                 lines.append("  (with worker processes, each worker's chunk of samples at once: each sample's "
                              "parameters from its own seed, with torchvision's distributions, and the chunk's boxes "
                              "moved as one array or its masks each made in one gather"
