@@ -61,13 +61,22 @@ def sample(rng: np.random.Generator, fmt) -> tuple:
 
 def forced(chain: v2.Compose, params: list) -> v2.Compose:
     """A copy of ``chain`` whose random classes take ``params`` (one dict per random class, in order) instead
-    of drawing: the draws' classes return them from make_params, a flip has p 1 or 0."""
+    of drawing: the draws' classes return them from make_params, a flip has p 1 or 0, and a class of the user's
+    runs from the seed the chunk gave its sample."""
     out = copy.deepcopy(chain)
     drawn = iter(params)
     for t in out.transforms:
-        if isinstance(t, (v2.ScaleJitter, v2.RandomShortestSize)):
+        if isinstance(t, (v2.ScaleJitter, v2.RandomShortestSize, v2.RandomResize)):
             size = next(drawn)["size"]
+            size = [size] if isinstance(t, v2.RandomResize) else size
             t.make_params = lambda flat, size=size: {"size": size}
+        elif _users(type(t)):
+            seed, forward = next(drawn)["seed"], t.forward
+
+            def seeded(*inputs, seed=seed, forward=forward):
+                torch.default_generator.manual_seed(seed)
+                return forward(*inputs)
+            t.forward = seeded
         elif isinstance(t, v2.RandomCrop):
             p = dict(next(drawn))
             t.make_params = lambda flat, p=p: p
@@ -75,6 +84,12 @@ def forced(chain: v2.Compose, params: list) -> v2.Compose:
             t.p = 1.0 if next(drawn)["flipped"] else 0.0
     assert next(drawn, None) is None
     return out
+
+
+def _users(cls) -> bool:
+    from gputransforms.datasets.detection import _users_class
+
+    return _users_class(cls)
 
 
 @pytest.mark.parametrize("kind", ["image", "tensor", "pil"])
@@ -351,37 +366,6 @@ def seg_chains(head: list, kind: str) -> dict:
     }
 
 
-def _users(cls) -> bool:
-    from gputransforms.datasets.detection import _users_class
-
-    return _users_class(cls)
-
-
-def forced_seg(chain: v2.Compose, params: list) -> v2.Compose:
-    """``forced`` for the chains of ``seg_chains``: RandomResize's size, and a user's class run from the seed the
-    chunk gave its sample."""
-    out = copy.deepcopy(chain)
-    drawn = iter(params)
-    for t in out.transforms:
-        if isinstance(t, v2.RandomResize):
-            size = next(drawn)["size"]
-            t.make_params = lambda flat, size=size: {"size": [size]}
-        elif _users(type(t)):
-            seed, forward = next(drawn)["seed"], t.forward
-
-            def seeded(*inputs, seed=seed, forward=forward):
-                torch.default_generator.manual_seed(seed)
-                return forward(*inputs)
-            t.forward = seeded
-        elif isinstance(t, v2.RandomCrop):
-            p = dict(next(drawn))
-            t.make_params = lambda flat, p=p: p
-        elif isinstance(t, (v2.RandomHorizontalFlip, v2.RandomVerticalFlip)):
-            t.p = 1.0 if next(drawn)["flipped"] else 0.0
-    assert next(drawn, None) is None
-    return out
-
-
 @pytest.mark.parametrize("kind,head", [("pil", "image"), ("pil", "tensor"), ("image", "image")])
 @pytest.mark.parametrize("name", ["reference", "crop", "masks kept"])
 def test_a_chunk_of_masks_is_what_torchvision_makes_with_its_parameters(kind, head, name):
@@ -405,7 +389,7 @@ def test_a_chunk_of_masks_is_what_torchvision_makes_with_its_parameters(kind, he
         assert all(g is not None for g in got)
         drawn = iter(params)
         for size, mask, ours in zip(sizes, masks, got):
-            theirs = joint.record(forced_seg(chain, next(drawn)), size, mask.clone(), kind)
+            theirs = joint.record(forced(chain, next(drawn)), size, mask.clone(), kind)
             assert joint.same(ours[0], theirs[0]), (ours[0], theirs[0])
             mine = joint_masks.widened(ours[1])
             assert type(mine) is type(theirs[1]) and mine.dtype == theirs[1].dtype, (type(mine), mine.dtype)
