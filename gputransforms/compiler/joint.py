@@ -162,11 +162,10 @@ def _wrapper(key: tuple, make):
 
 #: what may be done to a stand-in besides its functionals: reading what it is, viewing it as another class
 _SAFE = frozenset([torch.Tensor.data_ptr, torch.Tensor.as_subclass, torch.Tensor.numel, torch.Tensor.dim,
-                        torch.Tensor.size, torch.Tensor.stride, torch.Tensor.element_size, torch.Tensor.is_contiguous,
-                        torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.__len__,
-                        torch.Tensor.__repr__, torch.Tensor.__format__] +
-                       [getattr(torch.Tensor, name).__get__ for name in (
-                           "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda", "layout", "is_sparse")])
+                   torch.Tensor.size, torch.Tensor.stride, torch.Tensor.element_size, torch.Tensor.is_contiguous,
+                   torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.__len__, torch.Tensor.__repr__,
+                   torch.Tensor.__format__] + [getattr(torch.Tensor, name).__get__ for name in (
+                       "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda", "layout", "is_sparse")])
 
 
 def _guarding(cls):

@@ -247,7 +247,6 @@ def _random_resize(t, c: _Chunk, u) -> np.ndarray:
     tall = w <= h
     lo, hi = np.where(tall, w, h), np.where(tall, h, w)
     long = (short * hi.astype(_F64) / lo.astype(_F64)).astype(np.int64)
-    c.drawn_short = short
     return np.stack([np.where(tall, long, short), np.where(tall, short, long)], axis=1)
 
 
@@ -258,7 +257,7 @@ def _resize_drawn(draw: Callable, as_asked: bool = False) -> Callable:
         size = draw(t, c, u)
         live = c.live()
         oh, ow = c.ch.copy(), c.cw.copy()
-        short = c.drawn_short if as_asked else None
+        short = size.min(axis=1) if as_asked else None  # (the shorter side is the size drawn: the longer, its multiple)
         sized = (lambda j: dict(size=[int(short[j])])) if as_asked else \
             (lambda j: dict(size=(int(size[j, 0]), int(size[j, 1]))))  # noqa: E731
         c.mask_op(live, "resize", sized)

@@ -363,9 +363,9 @@ class DetectionSamples(FileSamples):
         paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
         self.made_target = coco_targets.maker(ds)  # (None: torchvision's wrapper makes every target)
         self.made_mask = mask_targets.maker(ds)  # (None: torchvision's wrapper opens every mask)
-        self.target_files = _target_files(ds._dataset)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         self._start(ds, [paths[k] for k in index], list(index), joint, kind, origin)
+        self.target_files = _target_files(ds._dataset)
 
     def _start(self, ds, paths: list, targets: list, joint, kind: str, origin: str) -> None:
         from torchvision.transforms import v2
@@ -378,7 +378,7 @@ class DetectionSamples(FileSamples):
         self.shape: Optional[discover.JointShape] = None
         self.user_steps: list = []  # the joint transform's own classes of the user's, recorded after a probe
         self.lazy_masks = False  # masks recorded and made in one gather (compiler.joint_masks), after a probe
-        self.target_files: Optional[list] = getattr(self, "target_files", None)  # by target index (its mask, XML)
+        self.target_files: Optional[list] = None  # each target's own file by target index (a mask, an XML)
 
     def record_with(self, program: recorded.JointProgram, origin: str) -> None:
         """Run the joint transform recorded, its pixel work in the graph as ``program``."""
@@ -774,12 +774,10 @@ def _user_class(t) -> bool:
     ``PadIfSmaller``, say), or a function of the user's (the detection reference's ``--test-only --weights`` joint
     transform: ``lambda img, target: (trans(img), target)``, ``trans`` being ``weights.transforms()``), which may
     be recorded where a probe shows that it does not read the pixels."""
-    from torchvision.transforms import v2
-
     function = _function_of(t)
     if function is not None:
         return not (function.__module__ or "").startswith("torchvision.")
-    return isinstance(t, v2.Transform) and not type(t).__module__.startswith("torchvision.")
+    return _users_class(type(t))
 
 
 def _users_class(cls: type) -> bool:
