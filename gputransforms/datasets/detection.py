@@ -53,17 +53,18 @@ _ADVICE = ("to compile it, leave out what reads the PIL image's pixels, or start
 
 def _coco(inner) -> tuple:
     paths = [os.path.join(inner.root, inner.coco.loadImgs(i)[0]["file_name"]) for i in inner.ids]
-    return paths, lambda k: inner._load_target(inner.ids[k])
+    return paths, lambda k: inner._load_target(inner.ids[k]), None
 
 
 def _voc_detection(inner) -> tuple:
     from torchvision.datasets.voc import ET_parse
 
-    return list(inner.images), lambda k: inner.parse_voc_xml(ET_parse(inner.annotations[k]).getroot())
+    return list(inner.images), lambda k: inner.parse_voc_xml(ET_parse(inner.annotations[k]).getroot()), \
+        list(inner.annotations)
 
 
 def _voc_segmentation(inner) -> tuple:
-    return list(inner.images), lambda k: Image.open(inner.masks[k])
+    return list(inner.images), lambda k: Image.open(inner.masks[k]), list(inner.masks)
 
 
 def _oxford_pet(inner) -> tuple:
@@ -74,24 +75,13 @@ def _oxford_pet(inner) -> tuple:
                   else Image.open(inner._segs[k]) for kind in inner._target_types]
         return None if not target else target[0] if len(target) == 1 else tuple(target)
 
-    return [str(p) for p in inner._images], raw
+    trimaps = [str(p) for p in inner._segs] if inner._target_types == ["segmentation"] else None
+    return [str(p) for p in inner._images], raw, trimaps
 
 
-def _target_files(inner) -> Optional[list]:
-    """The file each target of a wrapped dataset is read from (VOC's masks and XML annotations, the pets'
-    trimaps), by index: named beside the image where reading it raises; None where a target has none of its
-    own (COCO's annotations are one file, named by its own errors)."""
-    if isinstance(inner, torchvision.datasets.VOCSegmentation):
-        return list(inner.masks)
-    if isinstance(inner, torchvision.datasets.VOCDetection):
-        return list(inner.annotations)
-    if isinstance(inner, torchvision.datasets.OxfordIIITPet) and inner._target_types == ["segmentation"]:
-        return [str(p) for p in inner._segs]
-    return None
-
-
-#: the wrapped dataset classes, each: its image files, and its raw target by index (what its own
-#: __getitem__ reads besides the image; torchvision's wrapper then makes the tv_tensors)
+#: the wrapped dataset classes, each: its image files, its raw target by index (what its own __getitem__ reads
+#: besides the image; torchvision's wrapper then makes the tv_tensors), and the file each target is read from
+#: where it has one of its own (a mask, an XML annotation: named beside the image where reading it raises)
 KINDS = {torchvision.datasets.CocoDetection: _coco, torchvision.datasets.VOCDetection: _voc_detection,
          torchvision.datasets.VOCSegmentation: _voc_segmentation, torchvision.datasets.OxfordIIITPet: _oxford_pet}
 
@@ -174,12 +164,13 @@ def _chunk_reader(joint, kind: str, program, shape, paths: list, targets: list, 
         steps = joint_vector.plan(joint, vector_of, _users_class if masks else None, kind)
         if steps is None:
             return [None] * len(chunk)
+        masks_only = any(v is joint_vector.PER_SAMPLE for _, v in steps)  # (a class of the user's: chunks of masks)
         read_in = []
         for i, _, *pil in chunk:
             read_in.append(_read_in(i, paths[i], targets[i], target_of, gpu, check_jpeg_scan, bool(pil)))
-            if len(read_in) == 1 and read_in[0] is not None and type(read_in[0][2]) is not tv_tensors.Mask and \
-                    any(v is joint_vector.PER_SAMPLE for _, v in steps):
-                return [None] * len(chunk)  # (a class of the user's is recorded in a chunk of masks only)
+            if masks_only and len(read_in) == 1 and read_in[0] is not None and \
+                    type(read_in[0][2]) is not tv_tensors.Mask:
+                return [None] * len(chunk)  # (left before the others' files are read)
         seeds = [item[1] for item, got in zip(chunk, read_in) if got is not None]
         ok = [got for got in read_in if got is not None]
         records = iter(joint_vector.record(steps, kind, [got[1] for got in ok], [got[2] for got in ok],
@@ -360,12 +351,12 @@ class DetectionSamples(FileSamples):
     graph runs ``program`` (``compiler.joint``)."""
 
     def __init__(self, ds, index: list, joint, kind: str, origin: str):
-        paths, self.raw_target = KINDS[type(ds._dataset)](ds._dataset)
+        paths, self.raw_target, target_files = KINDS[type(ds._dataset)](ds._dataset)
         self.made_target = coco_targets.maker(ds)  # (None: torchvision's wrapper makes every target)
         self.made_mask = mask_targets.maker(ds)  # (None: torchvision's wrapper opens every mask)
         # ``targets[i]``: sample i's index in the wrapped dataset, from which its target is made
         self._start(ds, [paths[k] for k in index], list(index), joint, kind, origin)
-        self.target_files = _target_files(ds._dataset)
+        self.target_files = target_files
 
     def _start(self, ds, paths: list, targets: list, joint, kind: str, origin: str) -> None:
         from torchvision.transforms import v2
