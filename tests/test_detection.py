@@ -1225,22 +1225,39 @@ class _FlipBrightSomeWidths(v2.Transform):
         self.odd = odd
 
     def transform(self, inpt, params):
-        if isinstance(inpt, tv_tensors.Image) and inpt.shape[-1] % 2 == self.odd and inpt.float().mean() > 110:
+        image = isinstance(inpt, tv_tensors.Image) or (type(inpt) is torch.Tensor and inpt.ndim == 3)
+        if image and inpt.shape[-1] % 2 == self.odd and inpt.float().mean() > 110:
             return v2.functional.horizontal_flip(inpt)
         return inpt
 
 
-def test_a_class_that_reads_the_pixels_off_the_probes_draw_runs_as_written(voc):
-    """The probe's sample does not lead the user's class to read the pixels (its width after a random resize has
-    the other parity), so the chain is recorded; each sample whose width leads it to read them runs as written
-    (a torch operation on the image's stand-in raises Unrecordable), with torchvision's result. Before, the class
-    read the stand-in's undefined values and flipped all or none of those samples."""
+@pytest.mark.parametrize("kind,workers", [("image", 0), ("tensor", 0), ("tensor", 2)])
+def test_a_class_that_reads_the_pixels_off_the_probes_draw_runs_as_written(voc, kind, workers):
+    """The probe's sample does not lead the user's class to read the pixels (its width after a resize has the
+    other parity), so the chain is recorded; each sample whose width leads it to read them runs as written (a
+    torch operation on the image's stand-in raises Unrecordable: a tv_tensors.Image's by its class, a plain
+    tensor's by a mode while it is recorded), with torchvision's result. Before, the class read the stand-in's
+    undefined values and flipped all or none of those samples. With workers the resize is not random (their
+    chunks draw RandomResize's size from each sample's seed, not torch's generator)."""
+    to = v2.ToImage() if kind == "image" else v2.PILToTensor()
+    resize = v2.RandomResize(40, 80) if workers == 0 else v2.Resize(40)
     torch.manual_seed(0)  # the probe's random state: its sample's width after the resize
-    first = v2.RandomResize(40, 80)(tv_tensors.Image(torch.from_numpy(np.asarray(Image.open(
-        torchvision.datasets.VOCSegmentation(str(voc), year="2012", image_set="train").images[0]))).permute(2, 0, 1)))
-    chain = v2.Compose([v2.ToImage(), v2.RandomResize(40, 80), _FlipBrightSomeWidths(1 - first.shape[-1] % 2),
-                        v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True)])
-    _recorded_as_torchvision_runs_it(_voc_segmentation(voc, chain), "cpu")
+    first = resize(to(Image.open(torchvision.datasets.VOCSegmentation(str(voc), year="2012",
+                                                                      image_set="train").images[0])))
+    chain = v2.Compose([to, resize, _FlipBrightSomeWidths(1 - first.shape[-1] % 2), v2.CenterCrop(48),
+                        v2.ToDtype(torch.float32, scale=True)])
+    ds = _voc_segmentation(voc, chain)
+    torch.manual_seed(0)
+    loader = DataLoader(ds, batch_size=8, device="cpu", num_workers=workers)
+    assert "recorded per sample" in loader.explain()
+    torch.manual_seed(5)
+    ours = list(loader)
+    torch.manual_seed(5)
+    theirs = list(tud.DataLoader(ds, batch_size=8, num_workers=workers))
+    assert len(ours) == len(theirs) == 6
+    for (x, m), (xt, mt) in zip(ours, theirs):
+        assert torch.equal(m, mt)
+        assert (x - xt).abs().mean() < 1 / 255
 
 
 def test_targets_travel_from_the_workers_as_they_were():

@@ -40,7 +40,7 @@ from torchvision.transforms.v2.functional import _utils as _futils
 from ..device import map_tensors
 from . import joint_masks
 from .joint_record import (_LOCAL, COLOUR_SLOTS, GEOMETRY, TAIL, Unrecordable, _as_pil_does, _bound,
-                           _is_pil_stand_in, _key, _Record, _shape, _shape_after)
+                           _is_pil_stand_in, _key, _Record, _refuse, _shape, _shape_after, guarded)
 from .registry import draws, forwards
 
 _QUERIES = ("get_size", "get_dimensions", "get_num_channels", "get_num_frames")
@@ -160,14 +160,6 @@ def _wrapper(key: tuple, make):
     return w
 
 
-#: what may be done to a stand-in besides its functionals: reading what it is, viewing it as another class
-_SAFE = frozenset([torch.Tensor.data_ptr, torch.Tensor.as_subclass, torch.Tensor.numel, torch.Tensor.dim,
-                   torch.Tensor.size, torch.Tensor.stride, torch.Tensor.element_size, torch.Tensor.is_contiguous,
-                   torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.__len__, torch.Tensor.__repr__,
-                   torch.Tensor.__format__] + [getattr(torch.Tensor, name).__get__ for name in (
-                       "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda", "layout", "is_sparse")])
-
-
 def _guarding(cls):
     """``cls.__torch_function__`` (``tv_tensors.Mask``'s, ``tv_tensors.Image``'s) while recording: any other torch
     operation on a stand-in of the sample being recorded raises: MaskUnrecordable on a mask's (SanitizeBoundingBoxes
@@ -179,16 +171,8 @@ def _guarding(cls):
 
     def torch_function(cls, func, types, args=(), kwargs=None):
         rec = getattr(_LOCAL, "record", None)
-        if rec is not None and func not in _SAFE:
-            for a in (*args, *(kwargs or {}).values()):
-                for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                    if isinstance(t, (tv_tensors.Mask, tv_tensors.Image)):
-                        ops = rec.ops.get(t.data_ptr())
-                        if ops is not None:
-                            name = getattr(func, "__name__", func)
-                            if joint_masks.made(ops):
-                                raise joint_masks.MaskUnrecordable(f"{name} on a mask")
-                            raise Unrecordable(f"{name} on the image (it reads the pixels)")
+        if rec is not None:
+            _refuse(rec, func, args, kwargs, (tv_tensors.Mask, tv_tensors.Image))
         return inherited(cls, func, types, args, kwargs)
 
     return classmethod(torch_function)
@@ -260,7 +244,7 @@ def keep_recording() -> None:
 
 
 def record(joint, size: tuple, target, kind: str = "image", value: Optional[int] = None,
-           lazy_masks: bool = False) -> tuple:
+           lazy_masks: bool = False, users: bool = True) -> tuple:
     """Run ``joint(image, target)`` on a stand-in uint8 RGB image of ``size`` (h, w) of ``kind`` (a
     tv_tensors "image", a plain "tensor", or "pil": a PIL image the transform converts): returns (the
     recorded functionals applied to the image, in order, each (name, arguments, size before); the
@@ -268,7 +252,9 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
     calls a functional the graph lacks. ``value``: every stand-in holds it (a probe of whether a
     transform reads the pixels: ``pixel_blind``). ``lazy_masks``: the target's uint8 masks are
     stand-ins too, made from their records in one gather (``joint_masks``); MaskUnrecordable where
-    they cannot be (the caller records again with the real masks, from the same random state)."""
+    they cannot be (the caller records again with the real masks, from the same random state). ``users``: the
+    transform may hold code of the user's, which may read the pixels (a plain tensor's stand-in is then guarded:
+    ``joint_record.guarded``); torchvision's own classes do not read them."""
     rec = _Record(value)
     image = rec.stand_in(_LIKE[kind](), (3, int(size[0]), int(size[1])), torch.uint8, [])
     lazy = False  # mask stand-ins made: every Mask of the target is one the gather takes, and there is one
@@ -284,7 +270,7 @@ def record(joint, size: tuple, target, kind: str = "image", value: Optional[int]
     prev = getattr(_LOCAL, "record", None)
     _LOCAL.record = rec
     try:
-        with recording():
+        with recording(), guarded(rec, image, users):
             out = joint(image, target) if joint is not None else (image, target)
     finally:
         _LOCAL.record = prev

@@ -5,6 +5,7 @@ transform with its kernels swapped; ``joint_chain`` records a Compose of known c
 record through these, so their records are the same."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -13,9 +14,12 @@ from typing import Optional
 import PIL.Image
 import torch
 from PIL._util import DeferredError
+from torch.overrides import TorchFunctionMode
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2.functional import _utils as _futils
+
+from . import joint_masks
 
 #: the functionals the graph does: colour (in RandomPhotometricDistort's order), geometry, value tail
 COLOUR_SLOTS = ("adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "adjust_contrast",
@@ -200,3 +204,50 @@ def _parse_pil_fill(fill):
     from torchvision.transforms import _functional_pil as FP
 
     return FP._parse_fill(fill, _pil_stand_in((1, 1)), name="fill")["fill"]
+
+
+#: what may be done to a stand-in besides its functionals: reading what it is, viewing it as another class
+_SAFE = frozenset([torch.Tensor.data_ptr, torch.Tensor.as_subclass, torch.Tensor.numel, torch.Tensor.dim,
+                   torch.Tensor.size, torch.Tensor.stride, torch.Tensor.element_size, torch.Tensor.is_contiguous,
+                   torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.__len__, torch.Tensor.__repr__,
+                   torch.Tensor.__format__, torch.Tensor.requires_grad_] + [getattr(torch.Tensor, name).__get__ for name in (
+                       "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda", "layout", "is_sparse")])
+
+
+def _refuse(rec: _Record, func, args, kwargs, kinds) -> None:
+    """Raise if ``func`` (not a safe one) is given a stand-in of ``rec``'s (an argument of one of ``kinds``):
+    MaskUnrecordable for a mask's, Unrecordable for the image's."""
+    kwargs = kwargs or {}
+    if func in _SAFE or (func is torch.as_tensor and len(args) == 1 and kwargs.get("device") is None and
+                         kwargs.get("dtype") in (None, getattr(args[0], "dtype", None))):
+        return  # (as_tensor handing back the tensor itself: tv_tensors.Image(t) from F.to_image, say)
+    for a in (*args, *kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, kinds):
+                ops = rec.ops.get(t.data_ptr())
+                if ops is not None:
+                    name = getattr(func, "__name__", func)
+                    if joint_masks.made(ops):
+                        raise joint_masks.MaskUnrecordable(f"{name} on a mask")
+                    raise Unrecordable(f"{name} on the image (it reads the pixels)")
+
+
+class _PlainGuard(TorchFunctionMode):
+    """The guard of ``joint._guarding`` for a stand-in that is a plain tensor (``joint.record``'s kind "tensor": the
+    references' ``--backend tensor``), which has no ``__torch_function__`` of its own to guard: a mode, on
+    while that sample is recorded (every torch call in the thread passes through it)."""
+
+    def __init__(self, rec: _Record):
+        super().__init__()
+        self.rec = rec
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        _refuse(self.rec, func, args, kwargs, torch.Tensor)
+        return func(*args, **(kwargs or {}))
+
+def guarded(rec: _Record, image, users: bool = True):
+    """While recording ``image`` (a stand-in of ``rec``'s) through code that may be the user's (``users``):
+    ``_PlainGuard`` where it is a plain tensor (a ``tv_tensors`` stand-in is guarded by its class,
+    ``joint._guarding``). Only then: the mode costs every torch call (the segmentation preset with ``--backend tensor``,
+    one by one: 0.92 -> 1.28 ms a worker's sample), and torchvision's own classes do not read the pixels."""
+    return _PlainGuard(rec) if users and type(image) is torch.Tensor else contextlib.nullcontext()

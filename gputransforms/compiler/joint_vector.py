@@ -419,7 +419,8 @@ def _per_sample(t, c: _Chunk, u) -> None:
             mask = rec.stand_in(_MASK_LIKE, (*lead, h, w), c.mask_dtype, c.masks[j])
             joint_record._LOCAL.record = rec
             try:
-                out = t(image, mask)
+                with joint_record.guarded(rec, image):  # (a plain tensor's stand-in: a mode guards it)
+                    out = t(image, mask)
             except Exception:  # noqa: BLE001 - its own error, or the recording's refusal: raised one by one
                 out = None
             finally:

@@ -407,11 +407,11 @@ class DetectionSamples(FileSamples):
             try:
                 try:  # the masks recorded too and made in one gather, or moved by torchvision's kernels
                     ops, target, out_kind = recorded.record(joint, size, target_of(k, img),
-                                                            kind, lazy_masks=lazy[0])
+                                                            kind, lazy_masks=lazy[0], users=user)
                 except joint_masks.MaskUnrecordable:
                     lazy[0] = False
                     torch.set_rng_state(state)
-                    ops, target, out_kind = recorded.record(joint, size, target_of(k, img), kind)
+                    ops, target, out_kind = recorded.record(joint, size, target_of(k, img), kind, users=user)
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
                 named = path if target_files is None else f"{path}, its target {target_files[k]}"
                 if not (isinstance(e, recorded.Unrecordable) or user):  # torchvision's own error (it raises it too)
