@@ -360,3 +360,53 @@ def test_a_samples_seed_gives_the_draws_torch_manual_seed_gives():
         torch.manual_seed(seed)
         want = draws()
         assert all(torch.equal(a, b) for a, b in zip(got, want)), seed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_chunks_masks_travel_as_one_table_through_the_ring(device):
+    """A chunk's masks as one table (``pickled.Targets`` of bare targets, its ``Part`` each sample's extra): the
+    worker puts the table's one column in its ring once, whatever the number of parts; held, the main thread
+    reads it where it is, and the table loads each sample's mask as the mask pickled alone loads it (type,
+    dtype made wide again from ``WIDEN``, values, attributes), on the device. Masks of different attributes,
+    dtypes or shapes are not tabled."""
+    import pickle
+
+    from gputransforms.compiler.joint_masks import WIDEN, widened
+    from gputransforms.datasets.detection import _pickled
+
+    rng = np.random.default_rng(2)
+    masks = []
+    for k in range(5):
+        m = torch.from_numpy(rng.integers(0, 21, (1, 120, 130), dtype=np.uint8))
+        m.__dict__[WIDEN] = torch.int64
+        masks.append(m)
+    table = pickled.Targets.of(masks)
+    assert table is not None and table.keys is None
+    rings = arena.Rings(1, size=64 * arena.LARGE)
+    parts = [pickled.Part(table, j) for j in range(5)]
+    sent = rings.stash(0, 1, [(j, None, None, ("tensor", p)) for j, p in enumerate(parts)])
+    sent = pickle.loads(pickle.dumps(sent))  # (torch's queue)
+    column = sent[0][3][1].table.columns[0]
+    assert type(column) is tuple and _in_ring(column[0])  # (in the ring, once)
+    back, marks = rings.unstash(sent, hold=True)
+    assert np.shares_memory(back[0][3][1].table.columns[0], np.frombuffer(rings.maps[0], np.uint8))
+    dev = torch.device("cuda" if device == "gpu" else "cpu")
+    got = pickled.resolve([b[3][1] for b in back], dev)
+    for ours, m in zip(got, masks):
+        theirs = widened(pickled.load(_pickled(m)))
+        assert type(ours) is type(theirs) is torch.Tensor and ours.dtype == theirs.dtype == torch.int64
+        assert ours.device.type == dev.type and torch.equal(ours.cpu(), theirs) and WIDEN not in ours.__dict__
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    rings.release(marks)
+    kept = [torchvision.tv_tensors.Mask(m.clone()) for m in masks[:3]]
+    for m in kept:
+        m.__dict__["note"] = "kept"
+    out = pickled.Targets.of(kept).load(torch.device("cpu"))
+    assert all(type(o) is torchvision.tv_tensors.Mask and o.note == "kept" and torch.equal(o, m)
+               for o, m in zip(out, kept))
+    other = masks[1].clone()
+    assert pickled.Targets.of([masks[0], other]) is None  # (no WIDEN on the copy: other attributes)
+    assert pickled.Targets.of([masks[0].as_subclass(torch.Tensor).clone(), torch.zeros(1, 120, 131, dtype=torch.uint8)]) is None
+    assert pickled.Targets.of([torch.zeros(1, 2), torchvision.tv_tensors.Mask(torch.zeros(1, 2))]) is None
+    rings.close()

@@ -111,6 +111,14 @@ class Rings:
     def _walk(self, m, worker: int, x, depth: int):
         if isinstance(x, (tuple, list)) and depth < 4:
             return type(x)(self._walk(m, worker, y, depth + 1) for y in x)
+        if type(x) is pickled.Part and x.table.keys is None:  # a chunk's masks as one table: its column (once)
+            table = x.table
+            column = table.columns[0]
+            if isinstance(column, np.ndarray) and column.nbytes >= LARGE and column.flags.c_contiguous:
+                placed = self._put(m, worker, column.reshape(-1).view(np.uint8), "a")
+                if placed is not None:
+                    table.columns = [(placed, column.dtype.str, column.shape)]
+            return x
         if isinstance(x, bytes) and len(x) >= LARGE:
             return self._put(m, worker, x, "p" if isinstance(x, Pickled) else "b") or x
         if isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 1 and x.size >= LARGE \
@@ -203,6 +211,10 @@ class Rings:
             return out
         if isinstance(x, (tuple, list)) and depth < 4:
             return type(x)(self._take(y, depth + 1, marks) for y in x)
+        if type(x) is pickled.Part and x.table.keys is None and type(x.table.columns[0]) is tuple:
+            placed, dtype, shape = x.table.columns[0]  # (the ring's bytes, viewed as the column: once a table)
+            column = self._take(placed, depth, marks)  # (held: a view of the ring, copied to the device from there)
+            x.table.columns = [np.asarray(column).view(np.dtype(dtype)).reshape(shape)]
         return x
 
 

@@ -180,7 +180,11 @@ class Targets:
         values), else None (each sample is then pickled on its own)."""
         from torchvision import tv_tensors
 
-        if not TABLES[0] or not targets or any(type(t) is not dict for t in targets):
+        if not TABLES[0] or not targets:
+            return None
+        if type(targets[0]) in (torch.Tensor, tv_tensors.Mask):
+            return cls._bare(targets)
+        if any(type(t) is not dict for t in targets):
             return None
         keys = tuple(targets[0])
         if any(tuple(t) != keys for t in targets):
@@ -212,6 +216,26 @@ class Targets:
                 return None
         return out
 
+    @classmethod
+    def _bare(cls, targets: list) -> Optional["Targets"]:
+        """The table of targets that are each one tensor (a segmentation sample's mask: plain or ``Mask``, of one
+        type, dtype and trailing shape, with the same attributes, such as ``WIDEN``), else None. Its one column
+        travels through the worker's ring of shared memory (``backends.arena``), and loads onto the device with one
+        copy from there."""
+        kind, first = type(targets[0]), targets[0]
+        attributes = dict(first.__dict__)
+        plain = [t.as_subclass(torch.Tensor) if type(t) is kind else None for t in targets]
+        p0 = plain[0]
+        if any(p is None or p.device.type != "cpu" or p.dtype != p0.dtype or p.ndim == 0 or p.shape[1:] != p0.shape[1:]
+               or p.requires_grad or t.__dict__ != attributes for p, t in zip(plain, targets)):
+            return None
+        out = cls()
+        out.keys, out.kinds, out.lengths, out.likes = None, ["bare"], [[int(p.shape[0]) for p in plain]], \
+            [(kind, attributes)]
+        out.columns = [np.concatenate([p.numpy() for p in plain]) if len(plain) > 1 else
+                       np.ascontiguousarray(p0.numpy()).copy()]
+        return out
+
     def __reduce__(self):
         return _targets, (self.keys, self.kinds, self.columns, self.lengths, self.likes)
 
@@ -219,6 +243,8 @@ class Targets:
         """Each sample's target on ``dev``: its dict, its tensors views of one buffer copied there at once."""
         from torchvision import tv_tensors
 
+        if self.keys is None:
+            return self._load_bare(dev)
         arrays = [c for c, kind in zip(self.columns, self.kinds) if kind != "value"]
         places, total = [], 0
         for a in arrays:
@@ -241,6 +267,33 @@ class Targets:
                 t = [tv_tensors.wrap(v, like=like) for v, like in zip(t, likes)]
             per_key.append(t)
         return [dict(zip(self.keys, row)) for row in zip(*per_key)]
+
+
+    def _load_bare(self, dev: torch.device) -> list:
+        """The tensors of a table of bare targets: the column copied to ``dev`` at once (from where it is when
+        that is page-locked: the ring, registered), made its wider dtype there at once (``WIDEN``), split."""
+        from ..device import WIDEN
+
+        column = self.columns[0]
+        kind, attributes = self.likes[0]
+        t = torch.from_numpy(column)
+        if dev.type != "cpu":
+            if not t.is_pinned():
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.numpy()[...] = column
+                t = host
+            t = t.to(dev, non_blocking=True)
+        wide = attributes.get(WIDEN)
+        if wide is not None:
+            t = t.to(wide)
+            attributes = {k: v for k, v in attributes.items() if k != WIDEN}
+        out = t.split(self.lengths[0])
+        if kind is not torch.Tensor:
+            out = [v.as_subclass(kind) for v in out]
+        if attributes:
+            for v in out:
+                v.__dict__.update(attributes)
+        return list(out)
 
 
 def _targets(keys, kinds, columns, lengths, likes) -> Targets:
