@@ -17,9 +17,10 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from gputransforms import DataLoader, FallbackWarning, sampledata
-from gputransforms.backends import feed
+from gputransforms.backends import arena, feed
 from gputransforms.compiler import joint, joint_vector
 from gputransforms.compiler.registry import vector_of
+from gputransforms.datasets import pickled
 
 FILL = {tv_tensors.Mask: 0, "others": (123.0, 117.0, 104.0)}
 TAIL = [v2.ToDtype(torch.float32, scale=True), v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
@@ -467,3 +468,30 @@ def test_the_loaders_workers_record_chunks_of_masks(voc, monkeypatch, device):
     assert epoch(3)[1] == first
     monkeypatch.setattr(joint_vector, "ENABLED", [False])
     assert sorted(epoch()[1]) != sorted(first)
+
+
+def test_a_chunks_uint8_masks_are_not_left_viewing_the_workers_ring(voc, monkeypatch):
+    """A chunk's masks travel as one array through the worker's ring of shared memory (``pickled.Targets`` of bare
+    targets). On the CPU, masks left uint8 (nothing to widen them) were views of the ring itself, which the worker
+    overwrites once its space is marked read: masks kept past a few chunks changed under the user. Held across two
+    epochs with a ring a few chunks long, each equals the mask of the same draw handed over one by one."""
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(torchvision.datasets.VOCSegmentation(
+        str(voc), year="2012", image_set="train", transforms=v2.Compose([
+            v2.ToImage(), v2.RandomResize(100, 140), v2.RandomCrop(96, pad_if_needed=True,
+                                                                   fill={tv_tensors.Mask: 255, "others": 0}),
+            v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)])))
+    monkeypatch.setattr(arena, "RING", 8 * arena.LARGE)
+
+    def two_epochs():
+        loader = DataLoader(ds, batch_size=6, collate_fn=lambda b: tuple(zip(*b)), device="cpu", num_workers=2,
+                            shuffle=True, generator=torch.Generator().manual_seed(3), persistent_workers=True)
+        assert loader.backend == "dali", loader.reason
+        held = [m for _ in range(2) for _, masks in loader for m in masks]
+        assert all(type(m) is tv_tensors.Mask and m.dtype == torch.uint8 and m.shape == (1, 96, 96) for m in held)
+        return held
+
+    ours = two_epochs()
+    assert len(ours) == 2 * len(ds)
+    monkeypatch.setattr(pickled, "TABLES", [False])
+    theirs = two_epochs()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))

@@ -213,10 +213,13 @@ class Rings:
             return type(x)(self._take(y, depth + 1, marks) for y in x)
         if type(x) is pickled.Part and x.table.keys is None and type(x.table.columns[0]) is tuple:
             placed, dtype, shape = x.table.columns[0]  # (the ring's bytes, viewed as the column: once a table)
-            if marks is not None:
-                self.register()  # (page-locked, as for a pickled piece: the table's copy reads the ring in place)
-            column = self._take(placed, depth, marks)  # (held: a view of the ring, copied to the device from there)
-            x.table.columns = [np.asarray(column).view(np.dtype(dtype)).reshape(shape)]
+            # held and registered (page-locked, as for a pickled piece), the column stays a view of the ring, which
+            # the copy to the device reads in place (the ring marked read once it has run: ``feed.copied``); else
+            # a copy of its own: loaded on the CPU, the targets are views of the column, and the user keeps them
+            in_place = marks is not None and self.register()
+            column = self._take(placed, depth, marks)
+            column = np.asarray(column) if in_place or marks is None else np.array(column)
+            x.table.columns = [column.view(np.dtype(dtype)).reshape(shape)]
         return x
 
 
