@@ -141,6 +141,8 @@ class DataLoader(tud.DataLoader):
         if fallback:
             warnings.warn(f"gputransforms: {fallback}; see DataLoader.explain()", FallbackWarning,
                           stacklevel=user_stacklevel())
+        # each epoch's base seed: torch's persistent workers' iterator draws one for the first epoch only
+        self._seeds = state.BaseSeeds(persistent_workers and num_workers > 0)
         self._resume: Optional[state.Position] = None  # from load_state_dict, for the next iterator
         self._last_iter = None  # weak reference to the newest iterator: the one state_dict() describes
         self._warned_unsharded = False
@@ -185,7 +187,7 @@ class DataLoader(tud.DataLoader):
             warnings.warn(text, UnshardedWarning, stacklevel=2)
         resume, self._resume = self._resume, None
         sampling = backends.Sampling(self._index_sampler, self.generator, self.__len__, self._torch_iter,
-                                     None if _is_default_collate(self.collate_fn) else self.collate_fn)
+                                     None if _is_default_collate(self.collate_fn) else self.collate_fn, self._seeds)
         it = self._backend.iterator(sampling, resume)
         self.skipped = it.skipped
         self._last_iter = weakref.ref(it)
@@ -209,7 +211,7 @@ class DataLoader(tud.DataLoader):
         it = self._last_iter() if self._last_iter is not None else None
         if it is not None and not it.done:
             return it.position().to_dict()
-        return state.Position(state.rng_state(self.generator), 0, []).to_dict()
+        return state.Position(state.rng_state(self.generator), 0, [], seeds=self._seeds.state()).to_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
         """The next ``iter(loader)`` goes on where the saved one stood: with batch k+1 of its epoch,

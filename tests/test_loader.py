@@ -70,6 +70,29 @@ def test_same_index_order_as_torch_with_same_generator(indexed_folder, device):
         assert got == want
 
 
+@pytest.mark.parametrize("generator", [True, False])
+def test_persistent_workers_draw_later_epochs_as_torchs(indexed_folder, photo_folder, generator):
+    """With persistent_workers=True torch's DataLoader makes its iterator once and resets it for each later epoch:
+    only the first epoch draws a base seed (from the generator, or torch's global RNG), so the later epochs' orders
+    follow from the sampler's draws alone. Ours drew a base seed every epoch: epochs 2 and 3 came in other orders
+    than torch's. The same three epochs as torch's with and without a generator, and the epochs' random transforms
+    still differ."""
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+    orders = []
+    for make in (DataLoader, tud.DataLoader):
+        torch.manual_seed(4)
+        loader = make(ds, batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
+                      generator=torch.Generator().manual_seed(3) if generator else None)
+        orders.append([[i for images, _ in loader for i in decode_index(images)[0]] for _ in range(3)])
+    assert orders[0] == orders[1]
+    assert orders[0][0] != orders[0][1] != orders[0][2]
+    torch.manual_seed(4)
+    flips = DataLoader(datasets.ImageFolder(str(photo_folder), transform=T.Compose([
+        T.Resize((8, 8)), T.RandomHorizontalFlip(), T.PILToTensor()])), batch_size=8, num_workers=2,
+        persistent_workers=True)
+    assert len({tuple(torch.cat([x for x, _ in flips]).flatten().tolist()) for _ in range(3)}) == 3
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_sequential_and_sampler_and_batch_sampler(indexed_folder, device):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)

@@ -79,6 +79,39 @@ def test_resume_mid_epoch_gives_the_uninterrupted_run(indexed_folder, device, so
             assert torch.equal(x, y), "a deterministic chain gives the same images"
 
 
+@pytest.mark.parametrize("generator", [True, False])
+def test_resume_in_a_later_epoch_of_persistent_workers(indexed_folder, generator):
+    """With persistent workers only the first epoch draws a base seed (as torch's reset iterator): a position saved
+    in the second epoch, or between epochs, says so, and the resumed loader finishes that epoch and draws the next
+    one as the uninterrupted run does."""
+    ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
+
+    def make():
+        return DataLoader(ds, batch_size=5, shuffle=True, num_workers=2, persistent_workers=True, device="cpu",
+                          generator=torch.Generator().manual_seed(11) if generator else None)
+
+    torch.manual_seed(5)
+    want = run(make(), 3)
+    torch.manual_seed(5)
+    first = make()
+    epoch_items(first)
+    between = pickle.loads(pickle.dumps(first.state_dict()))
+    it = iter(first)
+    head = [epoch_items([next(it)])[0] for _ in range(3)]
+    saved = pickle.loads(pickle.dumps(first.state_dict()))
+    del it, first
+    for position, done in ((saved, head), (between, [])):
+        torch.manual_seed(999)
+        second = make()
+        if generator:
+            second.generator.manual_seed(12345)
+        second.load_state_dict(position)
+        got = run(second, 2)
+        got[0] = done + got[0]
+        for e in range(2):
+            assert [b[0] for b in got[e]] == [b[0] for b in want[e + 1]], f"epoch {e + 1}: other indices"
+
+
 def test_state_between_epochs_starts_the_next_epoch(indexed_folder):
     ds = datasets.ImageFolder(str(indexed_folder), transform=INDEX_TF)
     make = lambda: DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1),  # noqa

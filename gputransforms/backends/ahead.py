@@ -33,6 +33,8 @@ from typing import Any, Optional
 import torch
 import torch.utils.data as tud
 
+from .. import state
+
 _SAMPLERS = (tud.SequentialSampler, tud.RandomSampler, tud.distributed.DistributedSampler)
 
 
@@ -50,7 +52,7 @@ def _next_iterable(index_sampler) -> Optional[Any]:
     return index_sampler
 
 
-def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int) -> Optional[tuple]:
+def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int, seeds=None) -> Optional[tuple]:
     """(the next iterator's base seed, the first ``k`` index batches of the next epoch), as the next iterator
     would draw them from the random states as they are now (``compiled.CompiledIterator``: a base seed from
     ``generator``, then the sampler's order), or None where they cannot be worked out ahead. Draws nothing:
@@ -63,11 +65,12 @@ def next_epoch(index_sampler, generator: Optional[torch.Generator], k: int) -> O
     saved = [(g, g.get_state()) for g in generators.values()]
     try:
         with torch.random.fork_rng(devices=[]):
-            base = torch.empty((), dtype=torch.int64).random_(generator=generator).item()  # the iterator's base seed
+            # the iterator's base seed (drawn, or with persistent workers after the first epoch made: ``seeds``)
+            base = seeds.peek(generator) if seeds is not None else state.draw_base_seed(generator)
             return base, [list(b) for b in itertools.islice(iter(iterable), k)]
     finally:
-        for g, state in saved:
-            g.set_state(state)
+        for g, before in saved:
+            g.set_state(before)
 
 
 class TorchPaced:

@@ -143,7 +143,7 @@ class ArrayIterator(EpochIterator):
         s = backend.arrays.samples
         self.kind = output_kind(s.transform, "pil" if s.pil else "tensor") if s.transform is not None else None
         self.batches = iter(sampling.index_sampler)
-        base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()  # (torch's)
+        base_seed = sampling.base_seed()  # (torch's)
         self.own_stage_rng(base_seed, backend.settings.num_workers)
         self.resume_at(self.batches, resume)
         self.rows = torch.as_tensor(self.arrays.samples.rows, dtype=torch.int64)

@@ -138,6 +138,11 @@ class Sampling:
     length: Callable[[], int]
     torch_iter: Callable
     collate: Optional[Callable] = None
+    seeds: Optional[state.BaseSeeds] = None  # the loader's (persistent workers: one base seed drawn, the first)
+
+    def base_seed(self) -> int:
+        """This epoch's iterator's base seed, drawn (or not) as torch's iterator draws it."""
+        return self.seeds.take(self.generator) if self.seeds is not None else state.draw_base_seed(self.generator)
 
 
 class EpochIterator:
@@ -149,7 +154,10 @@ class EpochIterator:
         self.length = sampling.length
         if resume is not None:
             state.set_rng_state(sampling.generator, resume.rng)
+            if sampling.seeds is not None:
+                sampling.seeds.restore(resume.seeds)
         self.rng_start = state.rng_state(sampling.generator)
+        self.seeds_start = sampling.seeds.state() if sampling.seeds is not None else None
         self.yielded, self.done = 0, False
         self.resumed_at = 0  # the place in the epoch of its first sample (a saved position's batches passed over)
         self.stage_rng: Optional[torch.Tensor] = None  # the stages' own CPU generator (``own_stage_rng``), if any
@@ -224,7 +232,7 @@ class EpochIterator:
 
     def position(self) -> state.Position:
         skipped = [(e.index, e.path, e.reason) for e in self.skipped]
-        return state.Position(self.rng_start, self.yielded, skipped, *self.random_state())
+        return state.Position(self.rng_start, self.yielded, skipped, *self.random_state(), seeds=self.seeds_start)
 
 
 class Backend:

@@ -8,6 +8,7 @@ own (``feed.PipelineSlot``), so several live iterators each yield a full epoch.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import sys
@@ -86,7 +87,7 @@ class CompiledGraph(Backend):
         order = getattr(self.files, "epoch_order", None)
         if order is not None:  # samples that keep their own order (tar shards: the sampler is torch's endless one)
             own = order(self.settings.batch_size, self.settings.drop_last, sampling.generator)
-            sampling = Sampling(own, sampling.generator, own.__len__, sampling.torch_iter, sampling.collate)
+            sampling = dataclasses.replace(sampling, index_sampler=own, length=own.__len__)
         return CompiledIterator(self, sampling, resume)
 
     def explain(self) -> str:
@@ -205,7 +206,8 @@ class CompiledGraph(Backend):
         this loader stops reading ahead (each time would cost the drain of DALI's queue)."""
         if self.ahead_missed:
             return None
-        return functools.partial(_seeded_next_epoch, sampling.index_sampler, sampling.generator, self.lookahead)
+        return functools.partial(_seeded_next_epoch, sampling.index_sampler, sampling.generator, self.lookahead,
+                                 sampling.seeds)
 
     def skips(self) -> bool:
         """Whether a bad sample is skipped: the loader's ``on_error``, unless the dataset says what it
@@ -264,9 +266,9 @@ def _seed_of(base_seed: int) -> int:
     return base_seed % (2 ** 31)
 
 
-def _seeded_next_epoch(index_sampler, generator, k: int) -> Optional[tuple]:
+def _seeded_next_epoch(index_sampler, generator, k: int, seeds=None) -> Optional[tuple]:
     """``ahead.next_epoch`` with the base seed made the iterator's ``sample_seed``, as the iterator makes it."""
-    got = next_epoch(index_sampler, generator, k)
+    got = next_epoch(index_sampler, generator, k, seeds)
     if got is None:
         return None
     base, batches = got
@@ -289,7 +291,7 @@ class CompiledIterator(EpochIterator):
         self.paced = _paced(self.batches, sampling) if backend.settings.num_workers == 0 else None
         if self.paced is not None:
             self.batches = self.paced
-        base_seed = torch.empty((), dtype=torch.int64).random_(generator=sampling.generator).item()
+        base_seed = sampling.base_seed()
         s = backend.settings
         self.seed = s.seed if s.seed is not None else _seed_of(base_seed)
         # the samples recorded in worker processes draw from seeds made from this epoch's base seed, whatever
