@@ -195,17 +195,14 @@ class Targets:
             values = [t[k] for t in targets]
             kind = type(values[0])
             if kind is torch.Tensor or kind is tv_tensors.BoundingBoxes:
-                plain = [v.as_subclass(torch.Tensor) if type(v) is kind else None for v in values]
-                first = plain[0]
-                if any(p is None or p.device.type != "cpu" or p.dtype != first.dtype or p.ndim == 0 or
-                       p.shape[1:] != first.shape[1:] or p.requires_grad for p in plain):
+                got = _column([v.as_subclass(torch.Tensor) if type(v) is kind else None for v in values])
+                if got is None:
                     return None
                 out.kinds.append("boxes" if kind is tv_tensors.BoundingBoxes else "tensor")
-                out.columns.append(np.concatenate([p.numpy() for p in plain]) if len(plain) > 1 else
-                                   np.ascontiguousarray(first.numpy()).copy())
-                out.lengths.append([int(p.shape[0]) for p in plain])
+                out.columns.append(got[0])
+                out.lengths.append(got[1])
                 # (a BoundingBoxes' metadata: a one-row stand-in of each sample's, which wrap copies)
-                out.likes.append([tv_tensors.wrap(torch.empty(0, *first.shape[1:], dtype=first.dtype), like=v)
+                out.likes.append([tv_tensors.wrap(torch.empty(0, *got[0].shape[1:], dtype=values[0].dtype), like=v)
                                   for v in values] if kind is tv_tensors.BoundingBoxes else None)
             elif kind in (int, float, str, bool, type(None)) and all(type(v) is kind for v in values):
                 out.kinds.append("value")
@@ -222,18 +219,15 @@ class Targets:
         type, dtype and trailing shape, with the same attributes, such as ``WIDEN``), else None. Its one column
         travels through the worker's ring of shared memory (``backends.arena``), and loads onto the device with one
         copy from there."""
-        kind, first = type(targets[0]), targets[0]
-        attributes = dict(first.__dict__)
-        plain = [t.as_subclass(torch.Tensor) if type(t) is kind else None for t in targets]
-        p0 = plain[0]
-        if any(p is None or p.device.type != "cpu" or p.dtype != p0.dtype or p.ndim == 0 or p.shape[1:] != p0.shape[1:]
-               or p.requires_grad or t.__dict__ != attributes for p, t in zip(plain, targets)):
+        kind, attributes = type(targets[0]), dict(targets[0].__dict__)
+        if any(t.__dict__ != attributes for t in targets):
+            return None
+        got = _column([t.as_subclass(torch.Tensor) if type(t) is kind else None for t in targets])
+        if got is None:
             return None
         out = cls()
-        out.keys, out.kinds, out.lengths, out.likes = None, ["bare"], [[int(p.shape[0]) for p in plain]], \
+        out.keys, out.kinds, out.columns, out.lengths, out.likes = None, ["bare"], [got[0]], [got[1]], \
             [(kind, attributes)]
-        out.columns = [np.concatenate([p.numpy() for p in plain]) if len(plain) > 1 else
-                       np.ascontiguousarray(p0.numpy()).copy()]
         return out
 
     def __reduce__(self):
@@ -294,6 +288,17 @@ class Targets:
             for v in out:
                 v.__dict__.update(attributes)
         return list(out)
+
+
+def _column(plain: list) -> Optional[tuple]:
+    """A table's column of plain CPU tensors (None: not one) of one dtype and trailing shape, each of at least one
+    dimension: (their rows concatenated, each one's number of rows), else None."""
+    first = plain[0]
+    if any(p is None or p.device.type != "cpu" or p.dtype != first.dtype or p.ndim == 0 or
+           p.shape[1:] != first.shape[1:] or p.requires_grad for p in plain):
+        return None
+    return (np.concatenate([p.numpy() for p in plain]) if len(plain) > 1 else
+            np.ascontiguousarray(first.numpy()).copy()), [int(p.shape[0]) for p in plain]
 
 
 def _targets(keys, kinds, columns, lengths, likes) -> Targets:
