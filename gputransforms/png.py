@@ -39,27 +39,42 @@ def _inflater() -> Callable[[bytes], bytes]:
 inflate = _inflater()
 
 
+def chunks(data: bytes):
+    """Each chunk of a PNG after its signature: (its type, where it starts, where its CRC ends). The last one's end
+    lies past the data's where the file is cut short within it."""
+    pos, n = 8, len(data)
+    while pos + 12 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        end = pos + 12 + length
+        yield kind, pos, end
+        if end > n:
+            return
+        pos = end
+
+
+def crc_ok(data: bytes, pos: int, end: int) -> bool:
+    """Whether the chunk at ``pos`` (to ``end``: ``chunks``) holds the CRC of its type and data."""
+    return zlib.crc32(data[pos + 4:end - 4]) == struct.unpack_from(">I", data, end - 4)[0]
+
+
 def values(data: bytes) -> Optional[np.ndarray]:
     """The HxW uint8 values of an 8-bit palette (its indices) or grey PNG, exactly PIL's, or None where the
     file is of another kind or not exactly well-formed (see the module's docstring)."""
     if data[:8] != SIGNATURE:
         return None
-    pos, n, head, idat = 8, len(data), None, []
-    while pos + 12 <= n:
-        length, cid = struct.unpack_from(">I4s", data, pos)
-        end = pos + 12 + length
-        if end > n:
+    head, idat = None, []
+    for cid, pos, end in chunks(data):
+        if end > len(data):
             return None
         if cid == b"IDAT":
             idat.append(data[pos + 8:end - 4])
         elif idat:  # the image data is over (PIL reads no further)
             break
         else:
-            if cid in _ANIMATED or zlib.crc32(data[pos + 4:end - 4]) != struct.unpack_from(">I", data, end - 4)[0]:
+            if cid in _ANIMATED or not crc_ok(data, pos, end):
                 return None
             if cid == b"IHDR":
                 head = data[pos + 8:end - 4]
-        pos = end
     if head is None or len(head) != 13 or not idat:
         return None
     w, h, depth, colour, compression, filtering, interlace = struct.unpack(">IIBBBBB", head)
