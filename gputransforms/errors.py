@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 #: packages whose frames a warning skips to point at the user's line (frameworks rebuild loaders)
 _LIBRARIES = {"gputransforms", "torch", "lightning", "pytorch_lightning", "accelerate"}
@@ -33,6 +34,31 @@ class BadSampleError(RuntimeError):
     def __init__(self, index: int, path: str, reason: str):
         super().__init__(f"gputransforms: sample {index} ({path}): {reason}")
         self.index, self.path, self.reason = index, path, reason
+
+    def record(self) -> tuple:
+        """What a worker sends for it (``bad_sample`` makes it again)."""
+        return self.index, self.path, self.reason
+
+
+class BadTargetError(BadSampleError):
+    """A detection or segmentation sample whose target cannot be made (its mask or annotation file unreadable, or
+    torchvision's wrapper refusing it): skipped and listed with ``on_error="skip"``; otherwise the loader raises
+    ``raising``, torchvision's own exception with the sample, its image and the target's file named."""
+
+    def __init__(self, index: int, path: str, reason: str, raising: Optional[BaseException] = None):
+        super().__init__(index, path, reason)
+        self.raising = raising
+
+    def __reduce__(self):
+        return type(self), (self.index, self.path, self.reason, self.raising)
+
+    def record(self) -> tuple:
+        return self.index, self.path, self.reason, self.raising
+
+
+def bad_sample(index: int, path: str, reason: str, raising: Optional[BaseException] = None) -> BadSampleError:
+    """The error a worker's record of a bad sample stands for (``BadSampleError.record``)."""
+    return BadSampleError(index, path, reason) if raising is None else BadTargetError(index, path, reason, raising)
 
 
 def naming_sample(err: Exception, index: int, path: str):

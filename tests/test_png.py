@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,3 +242,42 @@ def test_a_broken_mask_raises_torchvisions_error_naming_the_mask(photo_folder, t
     assert type(ours.value) is type(theirs.value)
     assert "image file is truncated" in str(ours.value) + "".join(getattr(ours.value, "__notes__", []))
     assert f"its target {mask}" in str(ours.value), str(ours.value)
+
+
+@pytest.mark.parametrize("kind,workers", [("mask", 0), ("mask", 2), ("xml", 2)])
+def test_a_broken_mask_or_annotation_is_skipped_when_asked(photo_folder, tmp_path, kind, workers):
+    """With ``on_error="skip"`` a sample whose target cannot be made (VOC's class mask cut short, VOCDetection's XML
+    annotation cut short) is left out and listed (``loader.skipped``: the sample, its image, the target's file
+    named in the reason), as a bad image is; every other sample comes as torch's DataLoader gives it, in two
+    epochs. It raised, whatever ``on_error`` said."""
+    from torchvision.transforms import v2
+
+    import gputransforms
+    from gputransforms import DataLoader
+
+    root = sampledata.write_voc(photo_folder, tmp_path, seed=4)
+    base = root / "VOCdevkit" / "VOC2012"
+    bad = sorted((base / ("SegmentationClass" if kind == "mask" else "Annotations")).glob("*"))[5]
+    bad.write_bytes(bad.read_bytes()[:len(bad.read_bytes()) // 2])
+    chain = v2.Compose([v2.ToImage(), v2.Resize(64), v2.CenterCrop(60), v2.RandomHorizontalFlip(1.0),
+                        v2.ToDtype(torch.float32, scale=True)])
+    inner = torchvision.datasets.VOCSegmentation(str(root), year="2012", image_set="train", transforms=chain) \
+        if kind == "mask" else torchvision.datasets.VOCDetection(str(root), year="2012", image_set="train",
+                                                                  transforms=chain)
+    ds = torchvision.datasets.wrap_dataset_for_transforms_v2(inner)
+    k = [p.stem for p in map(Path, inner.masks if kind == "mask" else inner.annotations)].index(bad.stem)
+    loader = DataLoader(ds, batch_size=5, num_workers=workers, on_error="skip", collate_fn=lambda b: tuple(zip(*b)),
+                        device="cpu")
+    theirs = [ds[i] for i in range(len(ds)) if i != k]
+    for _ in range(2):
+        with pytest.warns(gputransforms.SkippedSamplesWarning):
+            ours = [s for images, targets in loader for s in zip(images, targets)]
+        assert [(e.index, e.path) for e in loader.skipped] == [(k, inner.images[k])]
+        assert str(bad) in loader.skipped[0].reason
+        assert len(ours) == len(theirs) == len(ds) - 1
+        for (x, t), (xt, tt) in zip(ours, theirs):
+            assert (x - xt).abs().mean() < 1 / 255
+            if kind == "mask":
+                assert type(t) is tv_tensors.Mask and torch.equal(t, tt)
+            else:
+                assert torch.equal(t["boxes"], tt["boxes"]) and torch.equal(t["labels"], tt["labels"])

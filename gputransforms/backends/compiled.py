@@ -519,8 +519,8 @@ class CompiledIterator(EpochIterator):
         self.slot.pipe.reset()
         epoch = self.epoch
         self._release(dirty=False)
-        if epoch.error is not None:
-            raise epoch.error
+        if epoch.error is not None:  # (a target that cannot be made: torchvision's own exception, named)
+            raise getattr(epoch.error, "raising", None) or epoch.error
         self._warn_skipped()
         raise StopIteration
 

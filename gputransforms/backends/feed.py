@@ -24,6 +24,7 @@ from torch._utils import ExceptionWrapper
 
 from .. import files
 from ..datasets.adapters import FileSamples
+from ..errors import bad_sample
 from . import arena
 
 
@@ -295,7 +296,7 @@ class _Decoded(tud.Dataset):
                 return i, tuple(inputs), None, extra
             return i, tuple(torch.from_numpy(a) for a in self.read(i)), None
         except files.BadSampleError as e:
-            return i, None, (e.index, e.path, e.reason)
+            return i, None, e.record()
 
 
 class Placed(list):
@@ -656,9 +657,9 @@ class ProcessEpochFeed(EpochFeed):
                     self.spec_failed = self.stopped = True
                     raise StopIteration
                 elif self.skip:
-                    self.skipped.append(files.BadSampleError(*err))
+                    self.skipped.append(bad_sample(*err))
                 else:
-                    self.error = files.BadSampleError(*err)
+                    self.error = bad_sample(*err)
                     self.stopped = True
                     raise StopIteration
             if kept:

@@ -41,7 +41,7 @@ from ..compiler import joint as recorded
 from ..compiler import joint_chain, joint_masks, joint_record, joint_vector
 from ..compiler.registry import chain_of, joint_ok, vector_of
 from ..device import to_device
-from ..errors import NotCompilable, naming_sample
+from ..errors import BadTargetError, NotCompilable, naming_sample
 from . import adapters, coco_targets, discover, mask_targets, pickled
 from .adapters import FileSamples
 from .pickled import Pickled
@@ -137,6 +137,20 @@ def _fits_uint8(t: torch.Tensor) -> bool:
         return False
     low, high = torch.aminmax(t)
     return bool(low >= 0) and bool(high <= 255)
+
+
+def _target_made(target_of, k, img, i: int, path: str, named: str):
+    """Sample ``i``'s target (``target_of(k, img)``), or BadTargetError where it cannot be made (its mask or annotation
+    file unreadable, torchvision's wrapper refusing it): the sample is skipped with ``on_error="skip"``, else
+    torchvision's exception is raised with the sample, its image and the target's file named (``named``)."""
+    try:
+        return target_of(k, img)
+    except files.BadSampleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever torchvision's dataset or wrapper raises there
+        raising = naming_sample(e, i, named)
+        raise BadTargetError(i, path, f"its target cannot be made ({named}: {type(e).__name__}: {e})",
+                             raising if raising is not None else e) from e
 
 
 def _raise_named(err: Exception, i: int, path: str):
@@ -403,17 +417,17 @@ class DetectionSamples(FileSamples):
             img = files.pil_open(data, i, path)
             k = targets[i]
             size = (img.height, img.width)
+            named = path if target_files is None else f"{path}, its target {target_files[k]}"
+            made = _target_made(target_of, k, img, i, path, named)
             state = torch.get_rng_state()
             try:
                 try:  # the masks recorded too and made in one gather, or moved by torchvision's kernels
-                    ops, target, out_kind = recorded.record(joint, size, target_of(k, img),
-                                                            kind, lazy_masks=lazy[0], users=user)
+                    ops, target, out_kind = recorded.record(joint, size, made, kind, lazy_masks=lazy[0], users=user)
                 except joint_masks.MaskUnrecordable:
                     lazy[0] = False
                     torch.set_rng_state(state)
                     ops, target, out_kind = recorded.record(joint, size, target_of(k, img), kind, users=user)
             except Exception as e:  # noqa: BLE001 - a user's class may fail on a stand-in: see below
-                named = path if target_files is None else f"{path}, its target {target_files[k]}"
                 if not (isinstance(e, recorded.Unrecordable) or user):  # torchvision's own error (it raises it too)
                     _raise_named(e, i, named)
                 # the sample runs as written, from the same RNG state, on the pixels PIL decodes. The graph gets
