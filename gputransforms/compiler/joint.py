@@ -39,7 +39,7 @@ from torchvision.transforms.v2.functional import _utils as _futils
 
 from ..device import map_tensors
 from . import joint_masks
-from .joint_record import (_LOCAL, COLOUR_SLOTS, GEOMETRY, TAIL, Unrecordable, _as_pil_does, _bound,
+from .joint_record import (_LIKE, _LOCAL, COLOUR_SLOTS, GEOMETRY, TAIL, Unrecordable, _as_pil_does, _bound,
                            _is_pil_stand_in, _key, _Record, _refuse, _shape, _shape_after, guarded)
 from .registry import draws, forwards
 
@@ -101,10 +101,6 @@ def _converting(original, like):
 
     return convert
 
-
-#: per kind of image a joint transform is handed, something of its type (what ``_Record.stand_in`` copies)
-_LIKE = {"image": lambda: tv_tensors.Image(torch.empty(1, 1)), "tensor": lambda: torch.empty(0),
-         "pil": PIL.Image.Image}
 
 _SWAPPED = [0]  # how many recording() contexts are open (the kernels are swapped while > 0)
 _SAVED: list = []

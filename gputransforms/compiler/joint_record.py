@@ -206,12 +206,17 @@ def _parse_pil_fill(fill):
     return FP._parse_fill(fill, _pil_stand_in((1, 1)), name="fill")["fill"]
 
 
+#: per kind of image a joint transform is handed, something of its type (what ``_Record.stand_in`` copies)
+_LIKE = {"image": lambda: tv_tensors.Image(torch.empty(1, 1)), "tensor": lambda: torch.empty(0),
+         "pil": PIL.Image.Image}
+
 #: what may be done to a stand-in besides its functionals: reading what it is, viewing it as another class
 _SAFE = frozenset([torch.Tensor.data_ptr, torch.Tensor.as_subclass, torch.Tensor.numel, torch.Tensor.dim,
                    torch.Tensor.size, torch.Tensor.stride, torch.Tensor.element_size, torch.Tensor.is_contiguous,
                    torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.__len__, torch.Tensor.__repr__,
-                   torch.Tensor.__format__, torch.Tensor.requires_grad_] + [getattr(torch.Tensor, name).__get__ for name in (
-                       "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda", "layout", "is_sparse")])
+                   torch.Tensor.__format__, torch.Tensor.requires_grad_] +
+                  [getattr(torch.Tensor, name).__get__ for name in (
+                      "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda", "layout", "is_sparse")])
 
 
 def _refuse(rec: _Record, func, args, kwargs, kinds) -> None:
@@ -244,6 +249,7 @@ class _PlainGuard(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         _refuse(self.rec, func, args, kwargs, torch.Tensor)
         return func(*args, **(kwargs or {}))
+
 
 def guarded(rec: _Record, image, users: bool = True):
     """While recording ``image`` (a stand-in of ``rec``'s) through code that may be the user's (``users``):

@@ -390,8 +390,7 @@ def _sanitize(t, c: _Chunk, u) -> None:
     c.counts = np.bincount(c.owner, minlength=len(c.counts)).astype(np.int64)
 
 
-#: a stand-in of each kind of image, for a class of the user's recorded sample by sample (``_per_sample``)
-_LIKE = {"image": lambda: tv_tensors.Image(torch.empty(1, 1)), "tensor": lambda: torch.empty(0)}
+#: a stand-in of a mask, for a class of the user's recorded sample by sample (``_per_sample``)
 _MASK_LIKE = tv_tensors.Mask(torch.empty(0, 0, dtype=torch.uint8))
 
 
@@ -401,7 +400,7 @@ def _per_sample(t, c: _Chunk, u) -> None:
     for the process), its draws from torch's CPU generator seeded from the sample's two uniforms. A sample it does
     not leave as an image and a mask with records of their own (it read the pixels or the mask's values, raised,
     returned something else) is left out."""
-    if c.masks is None or c.kind not in _LIKE:
+    if c.masks is None or c.kind not in ("image", "tensor"):
         raise _Off
     gen = torch.default_generator
     state = gen.get_state()
@@ -414,7 +413,7 @@ def _per_sample(t, c: _Chunk, u) -> None:
             rec = joint_record._Record()
             rec.masks_in = set()  # (masks recorded: a mask stand-in guarded while recording, joint._guarding)
             h, w = int(c.h[j]), int(c.w[j])
-            image = rec.stand_in(_LIKE[c.kind](), (3, h, w), c.dtype, c.ops[j])
+            image = rec.stand_in(joint_record._LIKE[c.kind](), (3, h, w), c.dtype, c.ops[j])
             lead = c.masks[j][0][1]["source"].shape[:-2]
             mask = rec.stand_in(_MASK_LIKE, (*lead, h, w), c.mask_dtype, c.masks[j])
             joint_record._LOCAL.record = rec
@@ -528,7 +527,8 @@ def carried(target, size: tuple, masks: bool = False):
 
 #: ``carried``'s key for a target that is one mask
 MASK = "\0mask"
-_ONE_BOX = tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(1, 1))  # (a chunk of masks' stand-in)
+#: a chunk of masks' stand-in for its boxes
+_ONE_BOX = tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(1, 1))
 
 
 def record(steps: list, kind: str, sizes: list, targets: list, u: np.ndarray,
